@@ -1,0 +1,33 @@
+"""Fixtures shared by the core's tests and the plugins' tests."""
+
+import textwrap
+
+import pytest
+
+from grpo_kit.plugins import Registry, plugin_manager
+from grpo_kit.testing import build_tiny_model
+
+
+@pytest.fixture
+def registry(monkeypatch):
+    """The installed plugins, discovered afresh, with no GRPO_KIT_* variables of the caller's shell in the way."""
+    for variable in ("GRPO_KIT_PLUGINS", "GRPO_KIT_DISABLE_PLUGINS", "GRPO_KIT_DISABLE_PLUGIN_AUTOLOAD"):
+        monkeypatch.delenv(variable, raising=False)
+    return Registry(plugin_manager())
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory):
+    return build_tiny_model(tmp_path_factory.mktemp("tiny-model"))
+
+
+@pytest.fixture
+def local_plugin(tmp_path, monkeypatch):
+    """Write a plugin module into a folder on sys.path; returns its module name."""
+    monkeypatch.syspath_prepend(str(tmp_path))
+
+    def write(name: str, source: str) -> str:
+        (tmp_path / f"{name}.py").write_text(textwrap.dedent(source))
+        return name
+
+    return write

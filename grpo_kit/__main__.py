@@ -1,0 +1,3 @@
+from grpo_kit.cli import main
+
+main()

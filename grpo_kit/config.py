@@ -1,0 +1,186 @@
+"""The run's configuration: the core's sections as dataclasses, and every plugin's config in Hydra's ConfigStore.
+
+A plugin's config dataclass is stored under its kind with its name (``loss/dapo``), so ``+loss=dapo`` selects it
+and ``loss.epsilon=0.3`` sets one of its fields; a misspelled field is rejected because Hydra composes in struct
+mode. Rewards are stored at ``reward.NAME`` so that several can be selected at once: ``+reward=[a,b]``.
+"""
+
+import dataclasses
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+import hydra
+from hydra.core.config_store import ConfigStore
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+from grpo_kit.kinds import KINDS
+from grpo_kit.plugins import PluginError, Registry
+
+log = logging.getLogger(__name__)
+
+PRESETS_MODULE = "grpo_kit.conf"  # conf/ in a checkout, shipped inside the wheel
+PRIMARY_CONFIG = "grpo_kit"
+
+# The choices a run makes when the command line makes none (TRL's defaults). They are names in the config,
+# not imports: a default whose plugin is not installed is simply left unselected.
+DEFAULT_LOSS = "dapo"
+DEFAULT_CHOICES = {
+    "importance_sampling": "token",
+    "rollout_correction": "none",
+    "advantage": "group",
+    "generation": "transformers",
+}
+SINGLE_CHOICE_KINDS = [kind for kind in KINDS if kind != "reward"]
+
+
+@dataclass
+class ModelConfig:
+    name_or_path: str | None = None  # a hub id or a local folder; None builds the embedded tiny model
+    model_init_kwargs: dict = field(default_factory=dict)  # passed to from_pretrained
+
+
+@dataclass
+class DataConfig:
+    path: str | None = None  # json/jsonl/parquet/csv file, or a hub dataset; None generates the embedded task
+    name: str | None = None  # the hub dataset's configuration
+    split: str = "train"
+    shuffle: bool = True
+    num_examples: int = 2000  # size of the embedded task
+
+
+@dataclass
+class AlgorithmConfig:
+    beta: float = 0.0  # KL coefficient; the reference model is loaded only when > 0
+    num_iterations: int = 1  # optimisation passes over each generation batch (mu in the GRPO paper)
+    steps_per_generation: int | None = None  # micro-batches per generation batch; None: gradient_accumulation_steps
+    mask_truncated_completions: bool = False
+
+
+@dataclass
+class TrainerConfig:
+    max_steps: int = 500
+    learning_rate: float = 1e-6
+    per_device_train_batch_size: int = 8  # completions per micro-batch
+    gradient_accumulation_steps: int = 1
+    lr_scheduler_type: str = "linear"
+    warmup_ratio: float = 0.0
+    weight_decay: float = 0.0
+    adam_beta1: float = 0.9
+    adam_beta2: float = 0.999
+    adam_epsilon: float = 1e-8
+    max_grad_norm: float = 1.0
+    logging_steps: int = 1
+    progress_bar: bool = True
+    save_model: bool = True  # save_pretrained into the run directory at the end
+
+
+@dataclass
+class RunConfig:
+    seed: int = 42
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    # One node per plugin kind, filled by the group choices (`+loss=dapo`, `advantage=rloo`, ...).
+    loss: Any = None
+    importance_sampling: Any = None
+    rollout_correction: Any = None
+    advantage: Any = None
+    generation: Any = None
+    reward: dict = field(default_factory=dict)  # name -> options, one entry per selected reward
+
+
+def store_configs(registry: Registry) -> None:
+    """Put the primary config and every installed plugin's config into Hydra's ConfigStore."""
+    store = ConfigStore.instance()
+    for kind in KINDS:
+        store.repo.pop(kind, None)  # forget plugins of an earlier registry
+        for plugin in registry.plugins(kind):
+            if kind == "reward":
+                store.store(group=kind, name=plugin.name, node=plugin.config, package=f"reward.{plugin.name}")
+            else:
+                store.store(group=kind, name=plugin.name, node=_with_name(plugin.config, plugin.name))
+    defaults: list[Any] = ["_self_"]
+    defaults += [{kind: name} for kind, name in DEFAULT_CHOICES.items() if name in registry.names(kind)]
+    defaults += [{"model": "embedded"}, {"data": "embedded"}]  # after the plugins: the presets tune their options
+    primary = OmegaConf.structured(RunConfig)
+    with open_dict(primary):
+        primary.defaults = defaults
+        primary.hydra = {"searchpath": [f"pkg://{PRESETS_MODULE}"]}
+    store.store(name=PRIMARY_CONFIG, node=primary)
+
+
+def _with_name(config: type, name: str) -> type:
+    """The plugin's dataclass plus the `name` field that tells the core which plugin the node belongs to."""
+    return dataclasses.make_dataclass(config.__name__, [("name", str, field(default=name))], bases=(config,))
+
+
+def compose(overrides: list[str] | tuple[str, ...] = (), registry: Registry | None = None) -> DictConfig:
+    """The config that `python -m grpo_kit OVERRIDES...` would run with."""
+    registry = registry or Registry()
+    check_choices(overrides, registry)
+    store_configs(registry)
+    with hydra.initialize_config_module(PRESETS_MODULE, version_base="1.3"):
+        cfg = hydra.compose(PRIMARY_CONFIG, overrides=with_presets(overrides))
+    return complete(cfg, registry)
+
+
+# Naming a real model or dataset selects its preset too, so that the embedded model's tuned settings
+# (a high learning rate, tiny completions) never reach a real model by accident.
+PRESET_FOR_PATH = {"model.name_or_path": ("model", "hf"), "data.path": ("data", "hf")}
+
+
+def with_presets(overrides: list[str]) -> list[str]:
+    """`overrides`, plus `model=hf` when a model path is given without a model preset (likewise data)."""
+    parsed = OverridesParser.create().parse_overrides(list(overrides))
+    groups = {override.key_or_group for override in parsed}
+    added = []
+    for override in parsed:
+        group, preset = PRESET_FOR_PATH.get(override.key_or_group, (None, None))
+        if group and group not in groups and override.value() is not None:
+            log.info("%s is given: using the %s=%s preset", override.key_or_group, group, preset)
+            added.append(f"{group}={preset}")
+            groups.add(group)
+    return list(overrides) + added
+
+
+def check_choices(overrides: list[str] | tuple[str, ...], registry: Registry) -> None:
+    """Fail on a plugin name that is not installed, with the installed choices, before anything is composed."""
+    for override in OverridesParser.create().parse_overrides(list(overrides)):
+        if override.key_or_group not in KINDS or override.is_delete():
+            continue
+        if override.is_sweep_override():
+            chosen = list(override.sweep_string_iterator())
+        else:
+            value = override.value()
+            chosen = value if isinstance(value, list) else [value]
+        for name in chosen:
+            registry.get(override.key_or_group, str(name))
+
+
+def complete(cfg: DictConfig, registry: Registry) -> DictConfig:
+    """Fill what the command line may leave out (the loss), and check that every kind has a plugin."""
+    if cfg.loss is None:
+        if DEFAULT_LOSS not in registry.names("loss"):
+            raise PluginError(
+                f"No loss selected and the default {DEFAULT_LOSS!r} is not installed: choose one with +loss=NAME "
+                f"(installed: {', '.join(registry.names('loss')) or 'none'})."
+            )
+        log.info("No loss given: using %s (choose one with +loss=NAME)", DEFAULT_LOSS)
+        with open_dict(cfg):
+            cfg.loss = OmegaConf.structured(_with_name(registry.get("loss", DEFAULT_LOSS).config, DEFAULT_LOSS))
+    for kind in SINGLE_CHOICE_KINDS:
+        if cfg[kind] is None or "name" not in cfg[kind]:
+            installed = ", ".join(registry.names(kind)) or "none"
+            raise PluginError(f"No {kind} plugin selected: add {kind}=NAME (installed: {installed}).")
+        registry.get(kind, cfg[kind].name)  # a name stored by an earlier registry fails here, by name
+    return cfg
+
+
+def options(node: DictConfig) -> dict:
+    """A plugin node's fields without the `name` the core added."""
+    values = OmegaConf.to_container(node, resolve=True)
+    values.pop("name", None)
+    return values

@@ -1,0 +1,49 @@
+"""The whole plugin contract.
+
+A plugin is a module with functions marked ``@grpo_kit.hookimpl`` whose names are the hooks below. It reaches
+grpo_kit through the ``grpo_kit`` entry-point group, exactly as the built-in plugins under ``plugins/`` do.
+
+Every ``register_*`` hook is handed one callable, ``register(name, implementation, config=None)``:
+
+- ``name`` is the one string users type (``+loss=NAME``), the registry key and the metric prefix;
+- ``implementation`` is a class that is built with the plugin's config instance, ``implementation(config)``;
+  a reward may also be a plain function with TRL's reward signature;
+- ``config`` is a dataclass, both the schema and the defaults of the plugin's options (``loss.epsilon=...``).
+
+The interface each kind of implementation provides is in ``grpo_kit/kinds.py``.
+"""
+
+import pluggy
+
+hookspec = pluggy.HookspecMarker("grpo_kit")
+hookimpl = pluggy.HookimplMarker("grpo_kit")
+
+
+@hookspec
+def register_losses(register):
+    """Register policy losses: the per-token loss and its reduction to a scalar."""
+
+
+@hookspec
+def register_importance_sampling(register):
+    """Register importance-sampling levels: log weights from log(pi_theta / pi_old)."""
+
+
+@hookspec
+def register_rollout_corrections(register):
+    """Register rollout corrections: a ratio for the mismatch between the sampler and the trainer."""
+
+
+@hookspec
+def register_advantages(register):
+    """Register advantage estimators: (N,) advantages from the (N, K) reward matrix."""
+
+
+@hookspec
+def register_rewards(register):
+    """Register reward functions with TRL's signature f(prompts, completions, completion_ids, **columns)."""
+
+
+@hookspec
+def register_generations(register):
+    """Register generation backends: completions for a batch of prompts."""

@@ -1,0 +1,38 @@
+"""Ways to reduce a (B, T) per-token loss to the micro-batch's scalar, for loss plugins to choose from.
+
+Each divides by the gradient-accumulation steps in its own way, so that the accumulated gradient of an
+optimizer step is the gradient of the loss over the whole step's batch.
+"""
+
+import torch
+
+from grpo_kit.kinds import Reduction
+
+
+def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Mean over the active tokens; a (B, 1) sequence-level tensor is a plain mean."""
+    if values.shape[1] == 1:
+        return values.mean()
+    return (values * mask).sum() / mask.sum().clamp(min=1.0)
+
+
+def sequence_mean(per_token_loss: torch.Tensor, mask: torch.Tensor, reduction: Reduction) -> torch.Tensor:
+    """Each sequence's mean over its own tokens, then the mean over sequences (the original GRPO)."""
+    per_sequence = (per_token_loss * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)  # (B,)
+    return per_sequence.mean() / reduction.gradient_accumulation_steps
+
+
+def local_token_mean(per_token_loss: torch.Tensor, mask: torch.Tensor, reduction: Reduction) -> torch.Tensor:
+    """Mean over the active tokens of this micro-batch only."""
+    return (per_token_loss * mask).sum() / mask.sum().clamp(min=1.0) / reduction.gradient_accumulation_steps
+
+
+def constant_length_mean(per_token_loss: torch.Tensor, mask: torch.Tensor, reduction: Reduction) -> torch.Tensor:
+    """Sum over active tokens divided by B x max_completion_length, a constant that carries no length bias."""
+    total = (per_token_loss * mask).sum() / (per_token_loss.size(0) * reduction.max_completion_length)
+    return total / reduction.gradient_accumulation_steps
+
+
+def global_token_mean(per_token_loss: torch.Tensor, mask: torch.Tensor, reduction: Reduction) -> torch.Tensor:
+    """Sum over active tokens divided by the active tokens of the whole generation batch, per process."""
+    return (per_token_loss * mask).sum() / (reduction.num_items_in_batch / reduction.num_processes)

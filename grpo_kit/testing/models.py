@@ -1,0 +1,36 @@
+"""A tiny random causal LM with the embedded character tokenizer, saved in Hugging Face format."""
+
+from pathlib import Path
+
+import torch
+from transformers import Qwen2Config, Qwen2ForCausalLM
+
+from grpo_kit.embedded import build_tokenizer
+
+
+def build_tiny_model(directory: str | Path, seed: int = 0, chat_template: str | None = None) -> Path:
+    """Save an untrained two-layer Qwen2 (a few thousand parameters) and its tokenizer into `directory`."""
+    directory = Path(directory)
+    tokenizer = build_tokenizer()
+    if chat_template is not None:
+        tokenizer.chat_template = chat_template
+    torch.manual_seed(seed)
+    config = Qwen2Config(
+        vocab_size=len(tokenizer),
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=128,
+        tie_word_embeddings=True,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=None,
+    )
+    model = Qwen2ForCausalLM(config)
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    return directory

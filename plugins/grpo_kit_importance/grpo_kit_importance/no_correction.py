@@ -1,0 +1,9 @@
+"""none: the sampler is taken to be the trainer's policy, so no rollout correction is applied."""
+
+
+class NoCorrection:
+    def __init__(self, config):
+        pass
+
+    def ratio(self, old_per_token_logps, sampling_per_token_logps, mask):
+        return None

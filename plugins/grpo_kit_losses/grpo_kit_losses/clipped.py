@@ -1,0 +1,45 @@
+"""The clipped surrogate shared by grpo, bnpo, dr_grpo and dapo, which differ only in how they reduce it.
+
+PPO's clipped objective (Schulman et al. 2017, https://arxiv.org/abs/1707.06347) as GRPO uses it
+(DeepSeekMath, https://arxiv.org/abs/2402.03300, eq. 3), with DAPO's decoupled upper bound `epsilon_high`
+(https://arxiv.org/abs/2503.14476, eq. 10) and INTELLECT-2's two-sided bound `delta` on the unclipped ratio
+(https://arxiv.org/abs/2505.07291).
+"""
+
+from dataclasses import dataclass
+
+import torch
+
+from grpo_kit.reductions import masked_mean
+
+
+@dataclass
+class ClippedConfig:
+    epsilon: float = 0.2  # lower clip: the ratio is kept above 1 - epsilon where the advantage is negative
+    epsilon_high: float | None = None  # upper clip; None uses epsilon (DAPO recommends 0.28)
+    delta: float | None = None  # caps the unclipped ratio too; INTELLECT-2 recommends > 1 + epsilon
+
+
+class ClippedSurrogate:
+    importance_sampling_level = None
+
+    def __init__(self, config: ClippedConfig):
+        self.epsilon_low = config.epsilon
+        self.epsilon_high = config.epsilon if config.epsilon_high is None else config.epsilon_high
+        self.delta = config.delta
+
+    def per_token_loss(self, log_weights, advantages, per_token_logps, mask):
+        ratio = torch.exp(log_weights)  # (B, T) or (B, 1)
+        clipped_ratio = torch.clamp(ratio, 1 - self.epsilon_low, 1 + self.epsilon_high)
+        if self.delta is not None:
+            ratio = torch.clamp(ratio, max=self.delta)
+        per_token_loss = -torch.min(ratio * advantages, clipped_ratio * advantages)  # (B, T)
+
+        low = ((ratio < 1 - self.epsilon_low) & (advantages < 0)).float()
+        high = ((ratio > 1 + self.epsilon_high) & (advantages > 0)).float()
+        metrics = {
+            "clip_ratio/low_mean": masked_mean(low, mask),
+            "clip_ratio/high_mean": masked_mean(high, mask),
+            "clip_ratio/region_mean": masked_mean(torch.max(low, high), mask),
+        }
+        return per_token_loss, metrics

@@ -1,0 +1,62 @@
+"""transformers: completions from the policy itself with `model.generate` (KV cache), in the training process.
+
+Nothing has to be pushed after an optimizer step: the generator samples from the very weights being trained.
+"""
+
+from dataclasses import dataclass, field
+
+import torch
+import transformers
+
+from grpo_kit import Completions, GenerationConfig
+
+
+@dataclass
+class TransformersGenerationConfig(GenerationConfig):
+    cache_implementation: str | None = None  # e.g. "static"; None: transformers' dynamic KV cache
+    generation_kwargs: dict = field(default_factory=dict)  # any other GenerationConfig field, applied last
+
+
+class TransformersGeneration:
+    def __init__(self, config: TransformersGenerationConfig):
+        self.config = config
+
+    def start(self, model, tokenizer, accelerator):
+        self.model, self.tokenizer, self.accelerator = model, tokenizer, accelerator
+        self.generation_config = transformers.GenerationConfig(
+            max_new_tokens=self.config.max_completion_length,
+            do_sample=True,
+            temperature=self.config.temperature,
+            top_p=self.config.top_p,
+            top_k=self.config.top_k or 0,  # 0 turns top-k filtering off
+            min_p=self.config.min_p,
+            repetition_penalty=self.config.repetition_penalty,
+            cache_implementation=self.config.cache_implementation,
+            pad_token_id=tokenizer.pad_token_id,
+            eos_token_id=tokenizer.eos_token_id,
+            bos_token_id=tokenizer.bos_token_id,
+            disable_compile=True,  # compiling pays off only for long runs on a GPU
+            **self.config.generation_kwargs,
+        )
+
+    @torch.no_grad()
+    def generate(self, prompt_ids):
+        prompts = self.tokenizer.pad({"input_ids": prompt_ids}, padding_side="left", return_tensors="pt")
+        prompts = prompts.to(self.accelerator.device)
+        model = self.accelerator.unwrap_model(self.model)
+        sequences = model.generate(**prompts, generation_config=self.generation_config)
+        completion_ids = sequences[:, prompts["input_ids"].shape[1] :]  # (N, T)
+
+        is_eos = completion_ids == self.tokenizer.eos_token_id
+        has_eos = is_eos.any(dim=1)
+        first_eos = torch.where(has_eos, is_eos.int().argmax(dim=1), completion_ids.shape[1])  # (N,)
+        positions = torch.arange(completion_ids.shape[1], device=completion_ids.device)
+        completion_mask = (positions.unsqueeze(0) <= first_eos.unsqueeze(1)).int()  # (N, T), EOS included
+        completion_ids = completion_ids.masked_fill(completion_mask == 0, self.tokenizer.pad_token_id)
+        return Completions(completion_ids, completion_mask, is_truncated=~has_eos)
+
+    def update_weights(self, model):
+        pass  # generation reads the trained model directly
+
+    def close(self):
+        pass

@@ -1,0 +1,39 @@
+"""Generation on a tiny random model: completions are cut after the first EOS and flagged when truncated."""
+
+import torch
+from accelerate import Accelerator
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from grpo_kit_transformers.generation import TransformersGeneration, TransformersGenerationConfig
+
+
+def start(tiny_model, **options):
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model)
+    generation = TransformersGeneration(TransformersGenerationConfig(**options))
+    generation.start(model, tokenizer, Accelerator(cpu=True))
+    return generation, tokenizer
+
+
+def test_masks_stop_at_the_first_eos(tiny_model):
+    torch.manual_seed(0)
+    generation, tokenizer = start(tiny_model, max_completion_length=6, temperature=3.0)
+    prompt_ids = [tokenizer("1+2=").input_ids, tokenizer("34+5=").input_ids] * 16
+    out = generation.generate(prompt_ids)
+    assert out.completion_ids.shape[0] == 32 and out.completion_ids.shape[1] <= 6
+    for ids, mask, truncated in zip(out.completion_ids, out.completion_mask, out.is_truncated):
+        eos = (ids == tokenizer.eos_token_id).nonzero()
+        if truncated:
+            assert len(eos) == 0 and mask.all()
+        else:
+            end = eos[0].item()
+            assert mask[: end + 1].all() and not mask[end + 1 :].any()
+            assert (ids[end + 1 :] == tokenizer.pad_token_id).all()
+    assert out.is_truncated.any() and not out.is_truncated.all()  # a hot random model does both
+
+
+def test_greedy_sampling_settings_reach_generate(tiny_model):
+    generation, tokenizer = start(tiny_model, max_completion_length=3, top_k=1)
+    prompt_ids = [tokenizer("1+2=").input_ids] * 4
+    out = generation.generate(prompt_ids)
+    assert (out.completion_ids == out.completion_ids[0]).all()  # top_k=1 is greedy
