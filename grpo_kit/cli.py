@@ -7,6 +7,7 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.errors import OverrideParseException
 
+from grpo_kit.compatibility import ConfigError
 from grpo_kit.config import PRIMARY_CONFIG, check_choices, store_configs, with_presets
 from grpo_kit.plugins import PluginError, Registry
 from grpo_kit.scoring import RewardError
@@ -32,7 +33,7 @@ def main() -> None:
 
         try:
             train(cfg, HydraConfig.get().runtime.output_dir, registry)
-        except (PluginError, RewardError, FileExistsError) as error:
+        except (PluginError, ConfigError, RewardError, FileExistsError) as error:
             log.error("%s", error)
             sys.exit(1)
 

@@ -15,6 +15,7 @@ from hydra.core.config_store import ConfigStore
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from grpo_kit.compatibility import check_compatibility
 from grpo_kit.kinds import KINDS
 from grpo_kit.plugins import PluginError, Registry
 
@@ -52,10 +53,19 @@ class DataConfig:
 
 @dataclass
 class AlgorithmConfig:
-    beta: float = 0.0  # KL coefficient; the reference model is loaded only when > 0
+    """The objective's settings that belong to no single plugin (TRL's defaults)."""
+
+    beta: float = 0.0  # weight of the k3 KL to a reference model, which is loaded only when beta > 0
+    use_bias_correction_kl: bool = True  # KL times the importance weight (DeepSeek-V3.2, arXiv 2512.02556)
+    top_entropy_quantile: float = 1.0  # train only the top share of tokens by entropy (arXiv 2506.01939: 0.2)
+    entropy_coef: float = 0.0  # entropy bonus: the loss minus entropy_coef x the mean entropy
+    off_policy_mask_threshold: float | None = None  # DeepSeek-V3.2's delta: drop stale negative sequences
     num_iterations: int = 1  # optimisation passes over each generation batch (mu in the GRPO paper)
     steps_per_generation: int | None = None  # micro-batches per generation batch; None: gradient_accumulation_steps
-    mask_truncated_completions: bool = False
+    mask_truncated_completions: bool = False  # DAPO: a cut-off answer neither rewarded nor punished
+    sync_ref_model: bool = False  # TR-DPO (arXiv 2404.09656): move the reference model toward the policy
+    ref_model_mixup_alpha: float = 0.6  # ref <- alpha * policy + (1 - alpha) * ref
+    ref_model_sync_steps: int = 512  # every this many optimizer steps
 
 
 @dataclass
@@ -176,6 +186,7 @@ def complete(cfg: DictConfig, registry: Registry) -> DictConfig:
             installed = ", ".join(registry.names(kind)) or "none"
             raise PluginError(f"No {kind} plugin selected: add {kind}=NAME (installed: {installed}).")
         registry.get(kind, cfg[kind].name)  # a name stored by an earlier registry fails here, by name
+    check_compatibility(cfg, registry)
     return cfg
 
 

@@ -25,32 +25,49 @@ class Reduction:
     max_completion_length: int
 
 
+@dataclass(frozen=True)
+class LossInputs:
+    """What a loss is handed for one micro-batch."""
+
+    log_weights: torch.Tensor  # (B, T) or (B, 1): log importance weights from the importance-sampling plugin
+    log_ratio: torch.Tensor  # (B, T): log pi_theta - log pi_old per token, before any aggregation
+    advantages: torch.Tensor  # (B, 1)
+    per_token_logps: torch.Tensor  # (B, T): log pi_theta, with gradient
+    mask: torch.Tensor  # (B, T): 1 on the completion tokens that count
+    rollout_ratio: torch.Tensor | None  # (B, T) or (B, 1): the rollout correction's ratio; None without one
+
+
 class Loss(Protocol):
-    # The importance-sampling level the loss is defined on ("sequence" for LUSPO); None accepts either.
+    # The importance-sampling level the loss's paper uses ("token" or "sequence"); another one gives a
+    # warning that says why (`importance_sampling_advice`). None: either level is fine.
     importance_sampling_level: ClassVar[str | None]
+    importance_sampling_advice: ClassVar[str]
+    # Rollout-correction levels the loss can take; None: any. A loss that folds the correction ratio into its
+    # own weights (vespo) sets `consumes_rollout_ratio`, and the core does not multiply the loss by it.
+    rollout_correction_levels: ClassVar[tuple[str, ...] | None]
+    consumes_rollout_ratio: ClassVar[bool]
 
-    def per_token_loss(
-        self,
-        log_weights: torch.Tensor,  # (B, T) or (B, 1)
-        advantages: torch.Tensor,  # (B, 1)
-        per_token_logps: torch.Tensor,  # (B, T)
-        mask: torch.Tensor,  # (B, T)
-    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:  # (B, T) loss, metrics as masked means
-        ...
+    def per_token_loss(self, inputs: LossInputs) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """The (B, T) or (B, 1) loss before masks, correction and KL; and metrics, name -> scalar tensor."""
 
-    def reduce(self, per_token_loss: torch.Tensor, mask: torch.Tensor, reduction: Reduction) -> torch.Tensor: ...
+    def reduce(self, per_token_loss: torch.Tensor, mask: torch.Tensor, reduction: Reduction) -> torch.Tensor:
+        """The micro-batch's scalar, already divided as gradient accumulation needs."""
 
 
 class ImportanceSampling(Protocol):
+    level: ClassVar[str]  # "token" or "sequence": the shape of the weights it forms
+
     def log_weights(self, log_ratio: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:  # (B, T) or (B, 1)
         ...
 
 
 class RolloutCorrection(Protocol):
+    level: ClassVar[str | None]  # "token", "sequence", or None for no correction
+
     def ratio(
         self,
         old_per_token_logps: torch.Tensor,  # (N, T)
-        sampling_per_token_logps: torch.Tensor,  # (N, T)
+        sampling_per_token_logps: torch.Tensor,  # (N, T), the sampler's own log-probs
         mask: torch.Tensor,  # (N, T)
     ) -> torch.Tensor | None:  # (N, T) or (N, 1); None: no correction
         ...
@@ -90,8 +107,11 @@ class Completions:
 class Generation(Protocol):
     def start(self, model: torch.nn.Module, tokenizer: Any, accelerator: Any) -> None: ...
 
-    def generate(self, prompt_ids: list[list[int]]) -> Completions:
-        """One completion for each prompt (prompts arrive already repeated num_generations times)."""
+    def generate(self, prompt_ids: list[list[int]], with_logprobs: bool = False) -> Completions:
+        """One completion for each prompt (prompts arrive already repeated num_generations times).
+
+        With `with_logprobs`, also the sampler's log-prob of each completion token (for rollout corrections).
+        """
 
     def update_weights(self, model: torch.nn.Module) -> None:
         """Called after every optimizer step; a backend outside this process loads the new weights here."""

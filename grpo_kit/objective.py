@@ -1,7 +1,7 @@
-"""The objective on one micro-batch, tensors only: importance weights -> loss -> masks / KL -> reduction.
+"""The objective on one micro-batch, tensors only: importance weights -> loss -> masks / correction / KL -> reduction.
 
 The loss, the importance-sampling level and the rollout correction are plugins; this file is the order in
-which they are applied, the same order as TRL's GRPOTrainer.
+which they are applied, which is the order of TRL's GRPOTrainer.
 """
 
 from dataclasses import dataclass, field
@@ -10,15 +10,15 @@ import torch
 from omegaconf import OmegaConf
 
 from grpo_kit.config import AlgorithmConfig, options
-from grpo_kit.kinds import ImportanceSampling, Loss, Reduction, RolloutCorrection
-from grpo_kit.plugins import PluginError, Registry
+from grpo_kit.kinds import ImportanceSampling, Loss, LossInputs, Reduction, RolloutCorrection
+from grpo_kit.plugins import Registry
 from grpo_kit.reductions import masked_mean
 
 
 @dataclass
 class ObjectiveOutput:
     loss: torch.Tensor  # scalar, already scaled for gradient accumulation
-    metrics: dict[str, torch.Tensor] = field(default_factory=dict)
+    metrics: dict[str, torch.Tensor] = field(default_factory=dict)  # name -> scalar, detached
 
 
 @dataclass
@@ -32,20 +32,46 @@ class Objective:
     def __call__(
         self,
         per_token_logps: torch.Tensor,  # (B, T), log pi_theta of the completion tokens, with gradient
-        entropies: torch.Tensor,  # (B, T)
+        entropies: torch.Tensor,  # (B, T), with gradient when algorithm.entropy_coef != 0
         batch: dict[str, torch.Tensor],
         gradient_accumulation_steps: int = 1,
         steps_per_generation: int = 1,
         num_processes: int = 1,
     ) -> ObjectiveOutput:
+        algo = self.algorithm
         mask = batch["completion_mask"].to(per_token_logps.dtype)  # (B, T)
         advantages = batch["advantages"].unsqueeze(1)  # (B, 1)
         old_per_token_logps = batch.get("old_per_token_logps")
         if old_per_token_logps is None:  # on-policy: pi_old is pi_theta, without its gradient
             old_per_token_logps = per_token_logps.detach()
+        rollout_ratio = batch.get("importance_sampling_ratio")  # (B, T) or (B, 1), from rollout_correction()
 
-        log_weights = self.importance_sampling.log_weights(per_token_logps - old_per_token_logps, mask)
-        per_token_loss, metrics = self.loss.per_token_loss(log_weights, advantages, per_token_logps, mask)
+        log_ratio = per_token_logps - old_per_token_logps  # (B, T)
+        log_weights = self.importance_sampling.log_weights(log_ratio, mask)  # (B, T) or (B, 1)
+        inputs = LossInputs(log_weights, log_ratio, advantages, per_token_logps, mask, rollout_ratio)
+        per_token_loss, metrics = self.loss.per_token_loss(inputs)
+
+        # DeepSeek-V3.2 (arXiv 2512.02556, eq. 9): drop negative-advantage sequences the sampler has drifted from.
+        if algo.off_policy_mask_threshold is not None:
+            sampling_per_token_logps = batch.get("sampling_per_token_logps", old_per_token_logps)
+            per_token_loss = per_token_loss * off_policy_mask(
+                advantages, per_token_logps, sampling_per_token_logps, mask, algo.off_policy_mask_threshold
+            )
+        # "Beyond the 80/20 Rule" (arXiv 2506.01939): only the high-entropy "forking" tokens get a gradient.
+        entropy_mask = None
+        if algo.top_entropy_quantile < 1.0:
+            entropy_mask = high_entropy_mask(entropies.detach(), mask, 1 - algo.top_entropy_quantile)
+            per_token_loss = per_token_loss * entropy_mask
+        if rollout_ratio is not None and not self.loss.consumes_rollout_ratio:
+            per_token_loss = per_token_loss * rollout_ratio
+        # k3 estimator of KL(pi_theta || pi_ref) (Schulman, http://joschu.net/blog/kl-approx.html), DeepSeekMath eq. 4.
+        if algo.beta != 0.0:
+            ref_log_ratio = batch["ref_per_token_logps"] - per_token_logps
+            per_token_kl = torch.exp(ref_log_ratio) - ref_log_ratio - 1  # (B, T)
+            if algo.use_bias_correction_kl:  # unbiased under the sampling policy (DeepSeek-V3.2, eq. 7)
+                per_token_kl = per_token_kl * torch.exp(log_weights)
+            per_token_loss = per_token_loss + algo.beta * per_token_kl
+            metrics["kl"] = masked_mean(per_token_kl, mask)
 
         reduction = Reduction(
             num_items_in_batch=float(batch.get("num_items_in_batch", mask.sum())),
@@ -55,27 +81,43 @@ class Objective:
             max_completion_length=self.max_completion_length,
         )
         loss = self.loss.reduce(per_token_loss, mask, reduction)
+
+        if algo.entropy_coef != 0.0:  # a bonus on the mean entropy of the tokens that are trained
+            trained = mask if entropy_mask is None else mask * entropy_mask
+            mean_entropy = (entropies * trained).sum() / trained.sum().clamp(min=1.0)
+            loss = loss - algo.entropy_coef * mean_entropy / gradient_accumulation_steps
         metrics["entropy"] = masked_mean(entropies, mask)
         return ObjectiveOutput(loss, {name: value.detach() for name, value in metrics.items()})
 
     def rollout_correction(self, old_per_token_logps, sampling_per_token_logps, completion_mask):
+        """The ratio that corrects for the sampler's mismatch with the trainer; None when no correction is chosen."""
         return self.correction.ratio(old_per_token_logps, sampling_per_token_logps, completion_mask)
+
+
+def off_policy_mask(advantages, per_token_logps, sampling_per_token_logps, mask, threshold) -> torch.Tensor:
+    """(B, 1): 0 for a sequence with a negative advantage whose mean KL(sampler || policy) exceeds `threshold`."""
+    kl = torch.nan_to_num(sampling_per_token_logps - per_token_logps.detach(), nan=0.0)  # unscored tokens: no evidence
+    mean_kl = (kl * mask).sum(dim=1, keepdim=True) / mask.sum(dim=1, keepdim=True).clamp(min=1.0)
+    return ((advantages >= 0) | (mean_kl <= threshold)).to(mask.dtype)
+
+
+def high_entropy_mask(entropies, mask, quantile: float) -> torch.Tensor:
+    """(B, T): the active tokens whose entropy is at least the `quantile` of the active tokens' entropies."""
+    active = entropies[mask.bool()].float()
+    if active.numel() == 0:
+        return torch.zeros_like(mask)
+    threshold = torch.quantile(active, quantile)
+    return ((entropies * mask >= threshold) & mask.bool()).to(mask.dtype)
 
 
 def build_objective(cfg, registry: Registry | None = None) -> Objective:
     """The objective a composed config describes (see grpo_kit.compose)."""
     registry = registry or Registry()
-    loss = registry.build("loss", cfg.loss.name, options(cfg.loss))
-    level = cfg.importance_sampling.name
-    required = getattr(loss, "importance_sampling_level", None)
-    if required is not None and required != level:
-        raise PluginError(
-            f"loss {cfg.loss.name!r} is defined on {required}-level importance weights, but importance_sampling="
-            f"{level}: add importance_sampling={required}."
-        )
     return Objective(
-        loss=loss,
-        importance_sampling=registry.build("importance_sampling", level, options(cfg.importance_sampling)),
+        loss=registry.build("loss", cfg.loss.name, options(cfg.loss)),
+        importance_sampling=registry.build(
+            "importance_sampling", cfg.importance_sampling.name, options(cfg.importance_sampling)
+        ),
         correction=registry.build("rollout_correction", cfg.rollout_correction.name, options(cfg.rollout_correction)),
         algorithm=OmegaConf.to_object(cfg.algorithm),
         max_completion_length=cfg.generation.max_completion_length,

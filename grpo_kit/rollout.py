@@ -4,6 +4,7 @@ from dataclasses import dataclass
 
 import torch
 
+from grpo_kit.advantages import nanstd, weighted_rewards
 from grpo_kit.data import is_conversational, prompt_text
 from grpo_kit.kinds import Advantage, Generation
 from grpo_kit.scoring import score
@@ -19,12 +20,15 @@ class Rollout:
     num_generations: int
     mask_truncated_completions: bool
 
-    def __call__(self, rows: list[dict]) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
-        """Completions for each of `rows`' prompts, scored: the generation batch and its metrics."""
+    def __call__(self, rows: list[dict], with_logprobs: bool = False) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
+        """Completions for each of `rows`' prompts, scored: the generation batch and its metrics.
+
+        `with_logprobs` asks the generation backend for the sampler's own log-probs (for a rollout correction).
+        """
         rows = [row for row in rows for _ in range(self.num_generations)]  # each group's members are adjacent
         prompts = [row["prompt"] for row in rows]
         prompt_ids = [self.tokenizer(prompt_text(self.tokenizer, p), add_special_tokens=False).input_ids for p in prompts]
-        out = self.generation.generate(prompt_ids)
+        out = self.generation.generate(prompt_ids, with_logprobs=with_logprobs)
         completion_mask = out.completion_mask
         if self.mask_truncated_completions:  # DAPO: a cut-off answer is neither rewarded nor punished
             completion_mask = completion_mask * ~out.is_truncated.unsqueeze(1)
@@ -52,13 +56,13 @@ class Rollout:
         return batch, self._metrics(rewards_per_func, out)
 
     def _metrics(self, rewards_per_func, out) -> dict[str, float]:
-        weighted = (rewards_per_func * self.reward_weights).nansum(dim=1)  # (N,)
-        group_std = weighted.view(-1, self.num_generations).std(dim=1)
+        rewards = weighted_rewards(rewards_per_func, self.reward_weights)  # (N,), NaN where unscorable
+        group_std = nanstd(rewards.view(-1, self.num_generations), dim=1)
         lengths = out.completion_mask.sum(dim=1).float()
         metrics = {
-            "reward": weighted.mean().item(),
-            "reward_std": group_std.mean().item(),
-            "frac_reward_zero_std": (group_std < 1e-6).float().mean().item(),
+            "reward": rewards.nanmean().item(),
+            "reward_std": nanstd(rewards).item(),
+            "frac_reward_zero_std": (group_std.nan_to_num(0.0) < 1e-6).float().mean().item(),
             "completions/mean_length": lengths.mean().item(),
             "completions/max_length": lengths.max().item(),
             "completions/clipped_ratio": out.is_truncated.float().mean().item(),
@@ -66,5 +70,5 @@ class Rollout:
         for index, name in enumerate(self.rewards):
             column = rewards_per_func[:, index]
             metrics[f"rewards/{name}/mean"] = column.nanmean().item()
-            metrics[f"rewards/{name}/std"] = column[~column.isnan()].std().item()
+            metrics[f"rewards/{name}/std"] = nanstd(column).item()
         return metrics

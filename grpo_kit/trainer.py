@@ -11,6 +11,7 @@ import logging
 import math
 import time
 from collections import defaultdict
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -22,8 +23,8 @@ from transformers import get_scheduler
 
 from grpo_kit.config import complete, options
 from grpo_kit.data import PromptSampler, load_prompts
-from grpo_kit.modeling import load_model, per_token_logps_and_entropies
-from grpo_kit.objective import build_objective
+from grpo_kit.modeling import load_model, load_reference_model, mix_into_reference, per_token_logps_and_entropies
+from grpo_kit.objective import Objective, build_objective
 from grpo_kit.plugins import PluginError, Registry
 from grpo_kit.rollout import Rollout
 
@@ -31,8 +32,15 @@ log = logging.getLogger(__name__)
 
 
 def build_advantage(cfg: DictConfig, registry: Registry | None = None):
+    """The advantage estimator: (N, K) rewards (NaN = None), (K,) weights, group size -> (N,) advantages."""
     registry = registry or Registry()
-    return registry.build("advantage", cfg.advantage.name, options(cfg.advantage))
+    estimator = registry.build("advantage", cfg.advantage.name, options(cfg.advantage))
+
+    def advantages(rewards_per_func, weights, num_generations):
+        # An unscorable completion (NaN) carries no signal: advantage 0, so it does not move the policy.
+        return torch.nan_to_num(estimator(rewards_per_func, weights, num_generations), nan=0.0)
+
+    return advantages
 
 
 def build_rewards(cfg: DictConfig, registry: Registry) -> tuple[dict, torch.Tensor]:
@@ -77,6 +85,7 @@ def train(cfg: DictConfig, run_dir: str | Path, registry: Registry | None = None
     set_seed(cfg.seed)
 
     model, tokenizer = load_model(cfg.model)
+    reference = load_reference_model(model) if algo.beta != 0.0 else None
     sampler = PromptSampler(load_prompts(cfg.data), seed=cfg.seed, shuffle=cfg.data.shuffle)
     optimizer = torch.optim.AdamW(
         model.parameters(),
@@ -92,13 +101,19 @@ def train(cfg: DictConfig, run_dir: str | Path, registry: Registry | None = None
         num_training_steps=t.max_steps,
     )
     model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
+    if reference is not None:
+        reference = reference.to(accelerator.device)
     generation.start(model, tokenizer, accelerator)
     rollout = Rollout(
         generation, rewards, reward_weights, advantage, tokenizer, num_generations, algo.mask_truncated_completions
     )
-    temperature = cfg.generation.temperature
-    # Old log-probs are needed once the policy has moved since the batch was generated.
-    off_policy = algo.num_iterations > 1 or steps_per_generation > t.gradient_accumulation_steps
+    references = ReferenceQuantities(
+        objective,
+        reference,
+        temperature=cfg.generation.temperature,
+        # Old log-probs are needed once the policy may have moved since the batch was generated.
+        off_policy=t.gradient_accumulation_steps % (steps_per_generation * algo.num_iterations) != 0,
+    )
     prompts_per_generation = generation_batch_size * accelerator.num_processes // num_generations
 
     metrics_file = (run_dir / "metrics.jsonl").open("x")
@@ -113,7 +128,7 @@ def train(cfg: DictConfig, run_dir: str | Path, registry: Registry | None = None
                 rows = sampler.draw(prompts_per_generation)[accelerator.process_index :: accelerator.num_processes]
                 model.eval()
                 micro_batches, rollout_metrics = generate_batch(
-                    rollout, model, rows, steps_per_generation, temperature, off_policy, accelerator
+                    rollout, references, model, rows, steps_per_generation, accelerator
                 )
                 model.train()
             micro_batch = micro_batches[micro_step % steps_per_generation]
@@ -122,7 +137,9 @@ def train(cfg: DictConfig, run_dir: str | Path, registry: Registry | None = None
                 window[name].append(value)
 
             with accelerator.accumulate(model):
-                per_token_logps, entropies = per_token_logps_and_entropies(model, micro_batch, temperature)
+                per_token_logps, entropies = per_token_logps_and_entropies(
+                    model, micro_batch, cfg.generation.temperature, entropy_grad=algo.entropy_coef != 0.0
+                )
                 out = objective(
                     per_token_logps,
                     entropies,
@@ -141,6 +158,8 @@ def train(cfg: DictConfig, run_dir: str | Path, registry: Registry | None = None
             for name, value in out.metrics.items():
                 window[name].append(accelerator.gather(value).mean().item())
         generation.update_weights(model)
+        if algo.sync_ref_model and (step + 1) % algo.ref_model_sync_steps == 0:
+            mix_into_reference(accelerator.unwrap_model(model), reference, algo.ref_model_mixup_alpha)
 
         window["grad_norm"].append(float(grad_norm))
         window["seconds_per_step"].append(time.perf_counter() - started)
@@ -160,10 +179,39 @@ def train(cfg: DictConfig, run_dir: str | Path, registry: Registry | None = None
     return run_dir
 
 
+@dataclass
+class ReferenceQuantities:
+    """What a micro-batch needs besides its own forward pass: old, reference and rollout-correction terms."""
+
+    objective: Objective
+    reference: torch.nn.Module | None  # the frozen reference model, when algorithm.beta > 0
+    temperature: float
+    off_policy: bool
+
+    @property
+    def wants_sampling_logps(self) -> bool:
+        return self.objective.correction.level is not None
+
+    @torch.no_grad()
+    def add(self, policy, micro_batch: dict[str, torch.Tensor]) -> None:
+        sampling = micro_batch.get("sampling_per_token_logps")
+        corrected = sampling is not None and self.wants_sampling_logps
+        if self.off_policy or corrected:
+            micro_batch["old_per_token_logps"], _ = per_token_logps_and_entropies(policy, micro_batch, self.temperature)
+        if corrected:
+            micro_batch["importance_sampling_ratio"] = self.objective.rollout_correction(
+                micro_batch["old_per_token_logps"], sampling, micro_batch["completion_mask"]
+            )
+        if self.reference is not None:
+            micro_batch["ref_per_token_logps"], _ = per_token_logps_and_entropies(
+                self.reference, micro_batch, self.temperature
+            )
+
+
 @torch.no_grad()
-def generate_batch(rollout, model, rows, steps_per_generation, temperature, off_policy, accelerator):
+def generate_batch(rollout, references, model, rows, steps_per_generation, accelerator):
     """A scored generation batch, shuffled and split into `steps_per_generation` micro-batches."""
-    batch, metrics = rollout(rows)
+    batch, metrics = rollout(rows, with_logprobs=references.wants_sampling_logps)
     batch = {name: tensor.to(accelerator.device) for name, tensor in batch.items()}
     # Token normalisers (dapo, cispo) divide by the active tokens of the whole batch on every process.
     batch["num_items_in_batch"] = accelerator.gather(batch["completion_mask"].sum()).sum()
@@ -171,11 +219,8 @@ def generate_batch(rollout, model, rows, steps_per_generation, temperature, off_
     order = torch.randperm(size, device=accelerator.device)
     micro_batches = []
     for indices in order.chunk(steps_per_generation):
-        micro_batch = {
-            name: tensor if tensor.dim() == 0 else tensor[indices] for name, tensor in batch.items()
-        }
-        if off_policy:
-            micro_batch["old_per_token_logps"], _ = per_token_logps_and_entropies(model, micro_batch, temperature)
+        micro_batch = {name: tensor if tensor.dim() == 0 else tensor[indices] for name, tensor in batch.items()}
+        references.add(model, micro_batch)
         micro_batches.append(micro_batch)
     return micro_batches, metrics
 

@@ -6,10 +6,10 @@ import pytest
 from grpo_kit.plugins import PluginError, Registry, plugin_manager
 
 BUILT_INS = {
-    "loss": {"grpo", "dapo"},
-    "importance_sampling": {"token"},
-    "rollout_correction": {"none"},
-    "advantage": {"group"},
+    "loss": {"grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "luspo", "vespo"},
+    "importance_sampling": {"token", "sequence"},
+    "rollout_correction": {"none", "token_truncate", "token_mask", "sequence_truncate", "sequence_mask"},
+    "advantage": {"group", "batch", "none", "gdpo", "rloo"},
     "reward": {"accuracy"},
     "generation": {"transformers"},
 }
@@ -78,7 +78,7 @@ def test_blocked_name_resolves_a_clash(local_plugin, monkeypatch):
 
 
 def test_unknown_name_lists_installed_choices(registry):
-    with pytest.raises(PluginError, match=r"No loss plugin named 'nope'.*installed: dapo, grpo.*installed"):
+    with pytest.raises(PluginError, match=r"No loss plugin named .nope.*installed: bnpo, cispo, dapo.*installed"):
         registry.get("loss", "nope")
 
 

@@ -91,3 +91,56 @@ def test_an_existing_run_is_never_overwritten(registry, tiny_model, tmp_path):
     with pytest.raises(FileExistsError, match="already holds a run"):
         grpo_kit.train(cfg, tmp_path, registry)
     assert (tmp_path / "metrics.jsonl").read_text() == '{"step": 1}\n'
+
+
+CORRECTIONS = ["none", "token_truncate", "token_mask", "sequence_truncate", "sequence_mask"]
+LOSSES = ["grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "luspo", "vespo"]
+
+
+def combinations():
+    for loss in LOSSES:
+        for level in ["token", "sequence"]:
+            for correction in CORRECTIONS:
+                if not (loss == "vespo" and correction.startswith("sequence")):
+                    yield loss, level, correction
+
+
+def covering_set():
+    """Every loss, every level and every correction at least once, the knobs of the core on some of them."""
+    combos = list(combinations())
+    return [combos[i] for i in range(0, len(combos), 7)] + [("vespo", "token", "token_mask")]
+
+
+def train_one_step(registry, tiny_model, tmp_path, loss, level, correction, *extra):
+    """One step on the tiny model, or, with tiny_model None, two steps on the embedded default."""
+    overrides = [f"+loss={loss}", f"importance_sampling={level}", f"rollout_correction={correction}", *extra]
+    if tiny_model is None:
+        run = ["+reward=accuracy", "trainer.max_steps=2", "trainer.progress_bar=false"]
+    else:
+        run = tiny_run(tiny_model, "trainer.max_steps=1")
+    cfg = grpo_kit.compose([*run, "trainer.save_model=false", *overrides], registry)
+    grpo_kit.train(cfg, tmp_path, registry)
+    logged = json.loads((tmp_path / "metrics.jsonl").read_text())
+    assert all(value == value for value in (logged["loss"], logged["grad_norm"])), logged  # not NaN
+    return logged
+
+
+@pytest.mark.parametrize(("loss", "level", "correction"), covering_set())
+def test_loss_level_and_correction_train(registry, tiny_model, tmp_path, loss, level, correction):
+    train_one_step(registry, tiny_model, tmp_path, loss, level, correction)
+
+
+def test_every_objective_setting_of_the_core_trains(registry, tiny_model, tmp_path):
+    logged = train_one_step(
+        registry, tiny_model, tmp_path, "dapo", "token", "token_truncate",
+        "algorithm.beta=0.04", "algorithm.top_entropy_quantile=0.2", "algorithm.entropy_coef=0.01",
+        "algorithm.off_policy_mask_threshold=0.5", "algorithm.num_iterations=2", "algorithm.sync_ref_model=true",
+        "algorithm.ref_model_sync_steps=1", "algorithm.mask_truncated_completions=true",
+    )
+    assert "kl" in logged
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("loss", "level", "correction"), list(combinations()))
+def test_every_loss_level_and_correction_trains_on_the_embedded_default(registry, tmp_path, loss, level, correction):
+    train_one_step(registry, None, tmp_path, loss, level, correction)

@@ -5,16 +5,16 @@ A_i = (r_i - mean(r)) / std(r) over the num_generations completions of one promp
 rewards are all equal at advantage 0 instead of dividing by zero.
 """
 
-import torch
+from grpo_kit.advantages import nanstd, weighted_rewards
 
 
 class GroupAdvantage:
+    needs_groups = True
+
     def __init__(self, config):
         pass
 
     def __call__(self, rewards_per_func, weights, num_generations):
-        rewards = (rewards_per_func * weights).nansum(dim=1)  # (N,)
-        groups = rewards.view(-1, num_generations)  # (N / G, G)
-        mean = groups.mean(dim=1, keepdim=True)
-        std = groups.std(dim=1, keepdim=True)
-        return ((groups - mean) / (std + 1e-4)).view(-1)
+        groups = weighted_rewards(rewards_per_func, weights).view(-1, num_generations)  # (N / G, G)
+        centred = groups - groups.nanmean(dim=1, keepdim=True)
+        return (centred / (nanstd(groups, dim=1, keepdim=True) + 1e-4)).view(-1)

@@ -2,6 +2,8 @@
 
 
 class NoCorrection:
+    level = None
+
     def __init__(self, config):
         pass
 

@@ -5,6 +5,8 @@ Schulman et al. 2017, https://arxiv.org/abs/1707.06347; DeepSeekMath eq. 3, http
 
 
 class TokenLevel:
+    level = "token"
+
     def __init__(self, config):
         pass
 

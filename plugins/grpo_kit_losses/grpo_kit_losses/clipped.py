@@ -1,4 +1,4 @@
-"""The clipped surrogate shared by grpo, bnpo, dr_grpo and dapo, which differ only in how they reduce it.
+"""The clipped surrogate shared by grpo, bnpo, dr_grpo, dapo and luspo, which differ only in how they reduce it.
 
 PPO's clipped objective (Schulman et al. 2017, https://arxiv.org/abs/1707.06347) as GRPO uses it
 (DeepSeekMath, https://arxiv.org/abs/2402.03300, eq. 3), with DAPO's decoupled upper bound `epsilon_high`
@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
-from grpo_kit.reductions import masked_mean
+from grpo_kit.reductions import masked_mean, per_sequence_mean
 
 
 @dataclass
@@ -22,24 +22,37 @@ class ClippedConfig:
 
 class ClippedSurrogate:
     importance_sampling_level = None
+    importance_sampling_advice = ""
+    rollout_correction_levels = None
+    consumes_rollout_ratio = False
 
     def __init__(self, config: ClippedConfig):
         self.epsilon_low = config.epsilon
         self.epsilon_high = config.epsilon if config.epsilon_high is None else config.epsilon_high
         self.delta = config.delta
 
-    def per_token_loss(self, log_weights, advantages, per_token_logps, mask):
-        ratio = torch.exp(log_weights)  # (B, T) or (B, 1)
+    def per_token_loss(self, inputs):
+        ratio = torch.exp(inputs.log_weights)  # (B, T) or (B, 1)
         clipped_ratio = torch.clamp(ratio, 1 - self.epsilon_low, 1 + self.epsilon_high)
         if self.delta is not None:
             ratio = torch.clamp(ratio, max=self.delta)
-        per_token_loss = -torch.min(ratio * advantages, clipped_ratio * advantages)  # (B, T)
+        advantages = inputs.advantages  # (B, 1)
+        per_token_loss = -torch.min(ratio * advantages, clipped_ratio * advantages)
 
         low = ((ratio < 1 - self.epsilon_low) & (advantages < 0)).float()
         high = ((ratio > 1 + self.epsilon_high) & (advantages > 0)).float()
+        mask = inputs.mask
         metrics = {
             "clip_ratio/low_mean": masked_mean(low, mask),
             "clip_ratio/high_mean": masked_mean(high, mask),
             "clip_ratio/region_mean": masked_mean(torch.max(low, high), mask),
+            "clip_ratio/low_min": _nan_reduce(per_sequence_mean(low, mask), torch.min),
+            "clip_ratio/high_max": _nan_reduce(per_sequence_mean(high, mask), torch.max),
         }
         return per_token_loss, metrics
+
+
+def _nan_reduce(values: torch.Tensor, reduce) -> torch.Tensor:
+    """min or max over the sequences that have tokens (NaN when none has)."""
+    present = values[~values.isnan()]
+    return reduce(present) if present.numel() else values.new_tensor(float("nan"))

@@ -7,8 +7,12 @@ across processes, so micro-batching does not change the gradient.
 
 from grpo_kit.reductions import global_token_mean
 from grpo_kit_losses.clipped import ClippedSurrogate
+from grpo_kit_losses.token_sums import SUMS_TOKENS_ADVICE
 
 
 class DAPO(ClippedSurrogate):
+    importance_sampling_level = "token"
+    importance_sampling_advice = SUMS_TOKENS_ADVICE
+
     def reduce(self, per_token_loss, mask, reduction):
         return global_token_mean(per_token_loss, mask, reduction)

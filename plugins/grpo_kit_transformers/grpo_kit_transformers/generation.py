@@ -40,12 +40,17 @@ class TransformersGeneration:
         )
 
     @torch.no_grad()
-    def generate(self, prompt_ids):
+    def generate(self, prompt_ids, with_logprobs=False):
         prompts = self.tokenizer.pad({"input_ids": prompt_ids}, padding_side="left", return_tensors="pt")
         prompts = prompts.to(self.accelerator.device)
         model = self.accelerator.unwrap_model(self.model)
-        sequences = model.generate(**prompts, generation_config=self.generation_config)
-        completion_ids = sequences[:, prompts["input_ids"].shape[1] :]  # (N, T)
+        out = model.generate(
+            **prompts,
+            generation_config=self.generation_config,
+            return_dict_in_generate=True,
+            output_scores=with_logprobs,  # the logits after temperature, top-k, top-p: the sampling distribution
+        )
+        completion_ids = out.sequences[:, prompts["input_ids"].shape[1] :]  # (N, T)
 
         is_eos = completion_ids == self.tokenizer.eos_token_id
         has_eos = is_eos.any(dim=1)
@@ -53,7 +58,12 @@ class TransformersGeneration:
         positions = torch.arange(completion_ids.shape[1], device=completion_ids.device)
         completion_mask = (positions.unsqueeze(0) <= first_eos.unsqueeze(1)).int()  # (N, T), EOS included
         completion_ids = completion_ids.masked_fill(completion_mask == 0, self.tokenizer.pad_token_id)
-        return Completions(completion_ids, completion_mask, is_truncated=~has_eos)
+        sampling_logps = None
+        if with_logprobs:
+            scores = torch.stack(out.scores, dim=1).float()  # (N, T, V)
+            sampling_logps = scores.log_softmax(-1).gather(-1, completion_ids.unsqueeze(-1)).squeeze(-1)
+            sampling_logps = sampling_logps.masked_fill(completion_mask == 0, 0.0)
+        return Completions(completion_ids, completion_mask, ~has_eos, sampling_per_token_logps=sampling_logps)
 
     def update_weights(self, model):
         pass  # generation reads the trained model directly

@@ -1,0 +1,63 @@
+"""Settings that do not go together, found when a run is composed: an error where TRL or the papers reject the
+combination, a warning where they discourage it. Each message says what to change.
+
+The rules are declared by the plugins (a loss's importance-sampling level, the correction levels it accepts,
+an advantage that needs groups), so this file names no plugin.
+"""
+
+import logging
+
+from omegaconf import DictConfig
+
+from grpo_kit.plugins import Registry
+
+log = logging.getLogger(__name__)
+
+
+class ConfigError(ValueError):
+    """A setting, or a combination of settings, that cannot run; the message says how to fix it."""
+
+
+def check_compatibility(cfg: DictConfig, registry: Registry) -> None:
+    loss = registry.get("loss", cfg.loss.name).implementation
+    level = registry.get("importance_sampling", cfg.importance_sampling.name).implementation.level
+    correction = registry.get("rollout_correction", cfg.rollout_correction.name).implementation
+    advantage = registry.get("advantage", cfg.advantage.name).implementation
+    algo = cfg.algorithm
+
+    wanted = getattr(loss, "importance_sampling_level", None)
+    if wanted is not None and wanted != level:
+        log.warning(
+            "loss %s %s: importance_sampling=%s is discouraged, use importance_sampling=%s.",
+            cfg.loss.name, loss.importance_sampling_advice, cfg.importance_sampling.name, wanted,
+        )
+    accepted = getattr(loss, "rollout_correction_levels", None)
+    if correction.level is not None and accepted is not None and correction.level not in accepted:
+        raise ConfigError(
+            f"loss {cfg.loss.name} takes only {'/'.join(accepted)}-level rollout corrections, but "
+            f"rollout_correction={cfg.rollout_correction.name} is {correction.level}-level: choose one of "
+            f"{', '.join(_corrections_of_level(registry, accepted))} or none."
+        )
+    if getattr(advantage, "needs_groups", False) and cfg.generation.num_generations < 2:
+        raise ConfigError(
+            f"advantage={cfg.advantage.name} compares the completions of one prompt, so it needs "
+            f"generation.num_generations >= 2 (got {cfg.generation.num_generations})."
+        )
+    if algo.sync_ref_model and algo.beta == 0.0:
+        raise ConfigError(
+            "algorithm.sync_ref_model=true moves a reference model that is used only when algorithm.beta > 0: "
+            "set algorithm.beta, or algorithm.sync_ref_model=false."
+        )
+    if not 0.0 <= algo.top_entropy_quantile <= 1.0:
+        raise ConfigError(f"algorithm.top_entropy_quantile={algo.top_entropy_quantile} must lie in [0, 1] (0.2 in its paper).")
+    if algo.off_policy_mask_threshold is not None and algo.off_policy_mask_threshold <= 0:
+        raise ConfigError(
+            f"algorithm.off_policy_mask_threshold={algo.off_policy_mask_threshold} is a KL bound and must be "
+            "positive (0.5, say), or null to turn the mask off."
+        )
+    if algo.num_iterations < 1:
+        raise ConfigError(f"algorithm.num_iterations={algo.num_iterations} must be at least 1.")
+
+
+def _corrections_of_level(registry: Registry, levels) -> list[str]:
+    return [plugin.name for plugin in registry.plugins("rollout_correction") if plugin.implementation.level in levels]

@@ -1,0 +1,38 @@
+"""cispo: REINFORCE with the importance weight clipped from above and detached, so no token loses its gradient.
+
+CISPO, MiniMax-M1 (https://arxiv.org/abs/2506.13585, eq. 4): the loss is -sg(min(r, eps_max)) * A * log pi_theta,
+reduced over the active tokens of the batch like dapo. eps_max (`epsilon_high`) defaults to 5.0, the value
+ScaleRL recommends (https://arxiv.org/abs/2510.13786); TRL falls back to `epsilon` instead.
+"""
+
+from dataclasses import dataclass
+
+import torch
+
+from grpo_kit.reductions import global_token_mean, masked_mean
+from grpo_kit_losses.token_sums import SUMS_TOKENS_ADVICE
+
+
+@dataclass
+class CISPOConfig:
+    epsilon_high: float = 5.0  # eps_max: the importance weight's upper bound
+
+
+class CISPO:
+    importance_sampling_level = "token"
+    importance_sampling_advice = SUMS_TOKENS_ADVICE
+    rollout_correction_levels = None
+    consumes_rollout_ratio = False
+
+    def __init__(self, config: CISPOConfig):
+        self.epsilon_high = config.epsilon_high
+
+    def per_token_loss(self, inputs):
+        ratio = torch.exp(inputs.log_weights)
+        clipped = torch.clamp(ratio, max=self.epsilon_high).detach()
+        per_token_loss = -clipped * inputs.advantages * inputs.per_token_logps  # (B, T)
+        is_clipped = ((ratio > self.epsilon_high) & (inputs.advantages > 0)).float()
+        return per_token_loss, {"cispo_clip_ratio": masked_mean(is_clipped, inputs.mask)}
+
+    def reduce(self, per_token_loss, mask, reduction):
+        return global_token_mean(per_token_loss, mask, reduction)

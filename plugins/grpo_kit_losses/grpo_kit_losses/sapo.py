@@ -1,0 +1,37 @@
+"""sapo: a smooth gate in place of the hard clip, with a sharper temperature for negative advantages.
+
+SAPO, Soft Adaptive Policy Optimization (https://arxiv.org/abs/2511.20347): the weight is
+f(r) = sigmoid(tau * (r - 1)) * 4 / tau, equal to r's slope at r = 1 and fading away from it; tau is
+`temperature_pos` where the advantage is positive, `temperature_neg` elsewhere. Reduced per sequence like grpo.
+"""
+
+from dataclasses import dataclass
+
+import torch
+
+from grpo_kit.reductions import sequence_mean
+
+
+@dataclass
+class SAPOConfig:
+    temperature_pos: float = 1.0
+    temperature_neg: float = 1.05
+
+
+class SAPO:
+    importance_sampling_level = None
+    importance_sampling_advice = ""
+    rollout_correction_levels = None
+    consumes_rollout_ratio = False
+
+    def __init__(self, config: SAPOConfig):
+        self.temperature_pos, self.temperature_neg = config.temperature_pos, config.temperature_neg
+
+    def per_token_loss(self, inputs):
+        ratio = torch.exp(inputs.log_weights)
+        temperature = torch.where(inputs.advantages > 0, self.temperature_pos, self.temperature_neg)  # (B, 1)
+        gate = torch.sigmoid(temperature * (ratio - 1)) * 4 / temperature
+        return -gate * inputs.advantages, {}
+
+    def reduce(self, per_token_loss, mask, reduction):
+        return sequence_mean(per_token_loss, mask, reduction)
