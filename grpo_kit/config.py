@@ -16,7 +16,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from grpo_kit.compatibility import check_compatibility
-from grpo_kit.kinds import KINDS
+from grpo_kit.kinds import KINDS, MULTI_CHOICE_KINDS
 from grpo_kit.plugins import PluginError, Registry
 
 log = logging.getLogger(__name__)
@@ -33,7 +33,7 @@ DEFAULT_CHOICES = {
     "advantage": "group",
     "generation": "transformers",
 }
-SINGLE_CHOICE_KINDS = [kind for kind in KINDS if kind != "reward"]
+SINGLE_CHOICE_KINDS = [kind for kind in KINDS if kind not in MULTI_CHOICE_KINDS]
 
 
 @dataclass
@@ -84,6 +84,10 @@ class TrainerConfig:
     logging_steps: int = 1
     progress_bar: bool = True
     save_model: bool = True  # save_pretrained into the run directory at the end
+    reward_timeout: float = 60.0  # seconds a batch's rewards may take; a reward still running gives None
+    reward_workers: int | None = None  # processes for CPU-heavy rewards (math verifiers); None: up to 8
+    sample_every: int = 50  # steps between sample tables (samples.jsonl, samples.html); 0: none
+    sample_rows: int = 16  # completions per sample table
 
 
 @dataclass
@@ -100,6 +104,7 @@ class RunConfig:
     advantage: Any = None
     generation: Any = None
     reward: dict = field(default_factory=dict)  # name -> options, one entry per selected reward
+    hook: dict = field(default_factory=dict)  # name -> options, one entry per selected hook plugin
 
 
 def store_configs(registry: Registry) -> None:
@@ -108,8 +113,8 @@ def store_configs(registry: Registry) -> None:
     for kind in KINDS:
         store.repo.pop(kind, None)  # forget plugins of an earlier registry
         for plugin in registry.plugins(kind):
-            if kind == "reward":
-                store.store(group=kind, name=plugin.name, node=plugin.config, package=f"reward.{plugin.name}")
+            if kind in MULTI_CHOICE_KINDS:
+                store.store(group=kind, name=plugin.name, node=plugin.config, package=f"{kind}.{plugin.name}")
             else:
                 store.store(group=kind, name=plugin.name, node=_with_name(plugin.config, plugin.name))
     defaults: list[Any] = ["_self_"]

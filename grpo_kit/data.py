@@ -30,14 +30,19 @@ def load_prompts(cfg: DataConfig) -> datasets.Dataset:
 
 
 class PromptSampler:
-    """Draws prompts without replacement, one shuffled pass after another, reproducibly from the seed."""
+    """Draws prompts without replacement, one shuffled pass after another, reproducibly from the seed.
 
-    def __init__(self, dataset: datasets.Dataset, seed: int, shuffle: bool = True):
+    Every process draws the same rows and keeps its own share, so the processes together see each row once.
+    """
+
+    def __init__(self, dataset: datasets.Dataset, seed: int, shuffle: bool = True, process_index=0, num_processes=1):
         self.dataset, self.shuffle = dataset, shuffle
+        self.process_index, self.num_processes = process_index, num_processes
         self.rng = random.Random(seed)
         self.order: list[int] = []
 
     def draw(self, count: int) -> list[dict]:
+        """This process's share of the next `count` rows."""
         rows = []
         while len(rows) < count:
             if not self.order:
@@ -45,7 +50,7 @@ class PromptSampler:
                 if self.shuffle:
                     self.rng.shuffle(self.order)
             rows.append(self.dataset[self.order.pop()])
-        return rows
+        return rows[self.process_index :: self.num_processes]
 
 
 def is_conversational(prompt) -> bool:

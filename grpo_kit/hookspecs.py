@@ -47,3 +47,48 @@ def register_rewards(register):
 @hookspec
 def register_generations(register):
     """Register generation backends: completions for a batch of prompts."""
+
+
+@hookspec
+def register_hooks(register):
+    """Register hook plugins: classes built with their config whose `on_*` methods join the run (`+hook=NAME`)."""
+
+
+# Pipeline hooks. A module registered through the entry points may implement them directly (always on); a hook
+# plugin selected with `+hook=NAME` implements them as methods. `run` is the grpo_kit.pipeline.Run being trained.
+
+
+@hookspec
+def on_train_start(run):
+    """Once, before the first step; the model, tokenizer and run directory are ready."""
+
+
+@hookspec(firstresult=True)
+def on_rollout_scored(run, scored, draw):
+    """A generation batch is scored, before advantages. Return a ScoredBatch of the same number of groups to use
+    instead (filter or resample groups; `draw(num_prompts)` generates and scores more), or None to keep it."""
+
+
+@hookspec(firstresult=True)
+def on_advantages(run, scored, advantages):
+    """Advantages (N,) are computed. Return replacement advantages, or None to keep them."""
+
+
+@hookspec
+def on_step_end(run, step, metrics):
+    """An optimizer step is done; `metrics` holds its values so far (name -> float)."""
+
+
+@hookspec
+def on_log(run, step, metrics):
+    """Logged metrics of a logging window (name -> float, with `step`): the loggers write them."""
+
+
+@hookspec
+def on_save(run, directory):
+    """The model and tokenizer were saved into `directory`."""
+
+
+@hookspec
+def on_train_end(run):
+    """Once, after the last step and the final save."""

@@ -11,7 +11,8 @@ from typing import Any, ClassVar, Protocol
 
 import torch
 
-KINDS = ("loss", "importance_sampling", "rollout_correction", "advantage", "reward", "generation")
+KINDS = ("loss", "importance_sampling", "rollout_correction", "advantage", "reward", "generation", "hook")
+MULTI_CHOICE_KINDS = ("reward", "hook")  # several at once: +reward=[a,b]; stored at reward.NAME
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,7 @@ _HOOK_OF_KIND = {
     "advantage": "register_advantages",
     "reward": "register_rewards",
     "generation": "register_generations",
+    "hook": "register_hooks",
 }
 
 # The core reads these fields, so a plugin of that kind must carry them.
@@ -103,6 +104,7 @@ class Registry:
 
     def __init__(self, pm: PluginManager | None = None):
         pm = pm or plugin_manager()
+        self.plugin_manager = pm  # the run's pipeline hooks are called through it
         self._plugins: dict[str, dict[str, Plugin]] = {kind: {} for kind in KINDS}
         for kind in KINDS:
             for hookimpl in getattr(pm.hook, _HOOK_OF_KIND[kind]).get_hookimpls():

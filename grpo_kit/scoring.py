@@ -1,41 +1,222 @@
-"""Scoring: every selected reward function on every completion, as an (N, K) matrix with NaN for "no opinion"."""
+"""Scoring: every selected reward on every completion, as an (N, K) matrix with NaN for "no opinion".
+
+The rewards of a batch run at the same time: `async def` rewards as coroutines on one event loop, other rewards
+each in a thread of their own, and rewards that declare `cpu_heavy = True` (math verifiers: sympy holds the GIL) in
+a pool of worker processes, the batch split among the workers. No reward holds a run up for longer than `timeout`:
+a call that runs past it or raises gives None for its completions and is counted in `rewards/NAME/failures`. A
+result the run cannot use (wrong length, a value that is not a finite number) is a bug in the reward, not bad
+luck, so it stops the run with RewardError.
+"""
 
 import asyncio
+import concurrent.futures
 import inspect
+import logging
 import math
+import multiprocessing
+import numbers
+import os
+import pickle
+import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
+
+from grpo_kit.plugins import PluginError
+
+log = logging.getLogger(__name__)
+
+DEFAULT_WORKERS = min(8, os.cpu_count() or 1)  # processes for CPU-heavy rewards when the caller names no number
+# Workers never fork the training process itself: forking a process that runs threads (and CUDA) is unsafe.
+_START_METHOD = "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
 
 
 class RewardError(Exception):
     """A reward function returned something the run cannot use."""
 
 
-def score(
-    rewards: dict[str, Callable], prompts: list, completions: list, completion_ids: list[list[int]], columns: dict
-) -> torch.Tensor:  # (N, K)
-    scores = []
-    for name, function in rewards.items():
-        values = function(prompts=prompts, completions=completions, completion_ids=completion_ids, **columns)
-        if inspect.isawaitable(values):
-            values = asyncio.run(values)
-        scores.append(_checked(name, values, len(completions)))
-    return torch.tensor(scores, dtype=torch.float32).T.reshape(len(completions), len(rewards))
+@dataclass
+class _Call:
+    """One call of one reward on the completions [start, start + size) of the batch."""
+
+    name: str
+    start: int
+    size: int
+    future: concurrent.futures.Future
 
 
-def _checked(name: str, values, expected: int) -> list[float]:
-    if not isinstance(values, (list, tuple)) or len(values) != expected:
-        size = len(values) if hasattr(values, "__len__") else type(values).__name__
-        raise RewardError(f"Reward {name!r} returned {size} values for {expected} completions: one each is needed.")
+class Scorer:
+    """`scorer(prompts, completions, completion_ids, columns)` -> ((N, K) float32 rewards, metrics).
+
+    `timeout` bounds each batch's scoring, in seconds. `workers` is the size of the process pool for CPU-heavy
+    rewards (None: DEFAULT_WORKERS); 0 runs them in threads like the others. Close the scorer (or use it in a
+    `with` block) to stop its worker processes.
+    """
+
+    def __init__(self, rewards: dict[str, Callable], timeout: float = 60.0, workers: int | None = None):
+        workers = DEFAULT_WORKERS if workers is None else workers
+        if timeout <= 0 or workers < 0:
+            raise ValueError(f"Scorer needs timeout > 0 and workers >= 0, got timeout={timeout}, workers={workers}.")
+        self.rewards, self.timeout, self.workers = dict(rewards), timeout, workers
+        self.in_processes = {name for name, f in self.rewards.items() if workers and getattr(f, "cpu_heavy", False)}
+        for name in self.in_processes:
+            _check_picklable(name, self.rewards[name])
+        self._warned: set[str] = set()
+        # One loop for the whole run, as TRL keeps one: async clients (HTTP sessions) are bound to their loop.
+        self._loop = asyncio.new_event_loop()
+        self._loop_thread = threading.Thread(target=self._loop.run_forever, name="grpo_kit-rewards", daemon=True)
+        self._loop_thread.start()
+        self._pool = None
+        if self.in_processes:
+            self._start_pool()
+
+    def __call__(
+        self, prompts: list, completions: list, completion_ids: list[list[int]], columns: dict
+    ) -> tuple[torch.Tensor, dict[str, float]]:
+        arguments = {"prompts": prompts, "completions": completions, "completion_ids": completion_ids, **columns}
+        calls = [call for name in self.rewards for call in self._start(name, arguments, len(completions))]
+        concurrent.futures.wait([call.future for call in calls], timeout=self.timeout)
+
+        scores = torch.full((len(completions), len(self.rewards)), math.nan)
+        failures = dict.fromkeys(self.rewards, 0)
+        column = {name: index for index, name in enumerate(self.rewards)}
+        worker_stuck = False
+        for call in calls:
+            if not call.future.done():
+                call.future.cancel()  # stops a coroutine; a thread or a process cannot be stopped, only abandoned
+                self._failed(call.name, f"timed out after {self.timeout:g} s")
+                worker_stuck |= call.name in self.in_processes
+            elif call.future.exception() is not None:
+                self._failed(call.name, f"raised {call.future.exception()!r}", call.future.exception())
+            else:
+                values = _checked(call.name, call.future.result(), call.start, call.size)
+                scores[call.start : call.start + call.size, column[call.name]] = torch.tensor(values)
+                continue
+            failures[call.name] += 1
+        if worker_stuck:
+            self._start_pool()  # a fresh pool: the stuck worker would hold its place forever
+        return scores, {f"rewards/{name}/failures": float(count) for name, count in failures.items()}
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.terminate()
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._loop_thread.join(timeout=1.0)
+        if not self._loop_thread.is_alive():  # else a coroutine blocks the loop: leave it to the daemon thread
+            self._loop.close()
+
+    def __enter__(self) -> "Scorer":
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
+    def _start(self, name: str, arguments: dict, count: int) -> list[_Call]:
+        function = self.rewards[name]
+        if name in self.in_processes:
+            return [self._in_process(name, function, arguments, start, stop) for start, stop in self._chunks(count)]
+        if _is_async(function):
+            future = asyncio.run_coroutine_threadsafe(_awaited(function, arguments), self._loop)
+        else:
+            future = concurrent.futures.Future()
+            # A daemon thread of its own, not a pool's: a reward stuck forever neither starves the next batch
+            # of threads nor keeps the interpreter from exiting.
+            threading.Thread(target=_run, args=(future, function, arguments), daemon=True).start()
+        return [_Call(name, 0, count, future)]
+
+    def _in_process(self, name: str, function: Callable, arguments: dict, start: int, stop: int) -> _Call:
+        count = len(arguments["completions"])
+        chunk = {key: value[start:stop] if _per_completion(value, count) else value for key, value in arguments.items()}
+        future = concurrent.futures.Future()
+        # The reward itself is the task, so a worker imports only the reward's module, never the core.
+        self._pool.apply_async(function, (), chunk, callback=future.set_result, error_callback=future.set_exception)
+        return _Call(name, start, stop - start, future)
+
+    def _chunks(self, count: int) -> list[tuple[int, int]]:
+        pieces = max(1, min(self.workers, count))
+        bounds = [count * piece // pieces for piece in range(pieces + 1)]
+        return list(zip(bounds, bounds[1:]))
+
+    def _start_pool(self) -> None:
+        if self._pool is not None:
+            self._pool.terminate()
+        context = multiprocessing.get_context(_START_METHOD)
+        if _START_METHOD == "forkserver":
+            # The server (the process's first pool starts it) imports the rewards' modules once; every worker, and
+            # every replacement of a stuck one, is then a quick fork of it.
+            modules = {getattr(self.rewards[name], "__module__", None) for name in self.in_processes}
+            context.set_forkserver_preload(["__main__", *sorted(modules - {None, "builtins"})])
+        self._pool = context.Pool(self.workers)
+
+    def _failed(self, name: str, cause: str, error: BaseException | None = None) -> None:
+        if name in self._warned:
+            return
+        self._warned.add(name)
+        log.warning(
+            "Reward %r %s: its completions score None (no opinion) in this batch and the run goes on. Later "
+            "failures of %r are not logged again; rewards/%s/failures counts them.",
+            name, cause, name, name, exc_info=error,
+        )
+
+
+def _is_async(function: Callable) -> bool:
+    # `is_coroutine` is how the core's option binding (and the python reward) say that their wrapper is async.
+    return (
+        getattr(function, "is_coroutine", False)
+        or inspect.iscoroutinefunction(function)
+        or inspect.iscoroutinefunction(getattr(function, "__call__", None))
+    )
+
+
+async def _awaited(function: Callable, arguments: dict):
+    result = function(**arguments)
+    return await result if inspect.isawaitable(result) else result
+
+
+def _run(future: concurrent.futures.Future, function: Callable, arguments: dict) -> None:
+    if not future.set_running_or_notify_cancel():
+        return
+    try:
+        future.set_result(function(**arguments))
+    except BaseException as error:  # anything, so that the future always settles
+        future.set_exception(error)
+
+
+def _per_completion(value, count: int) -> bool:
+    return isinstance(value, (list, tuple)) and len(value) == count
+
+
+def _check_picklable(name: str, function: Callable) -> None:
+    try:
+        pickle.dumps(function)
+    except Exception as error:
+        raise PluginError(
+            f"Reward {name!r} declares cpu_heavy = True, so it runs in worker processes, but it cannot be sent to "
+            f"one ({error!r}). Define it at module level (a function, or an instance of a module-level class), "
+            "or do not declare it cpu_heavy, and it runs in a thread."
+        ) from error
+
+
+def _checked(name: str, values, start: int, size: int) -> list[float]:
+    if hasattr(values, "tolist"):  # a numpy array or a tensor, which TRL accepts too
+        values = values.tolist()
+    if not isinstance(values, (list, tuple)) or len(values) != size:
+        got = f"{len(values)} values" if isinstance(values, (list, tuple)) else f"a {type(values).__name__}"
+        raise RewardError(
+            f"Reward {name!r} returned {got} for {size} completions: it must return a list with one number "
+            "(or None for no opinion) per completion."
+        )
     checked = []
-    for index, value in enumerate(values):
+    for offset, value in enumerate(values):
         if value is None:
             checked.append(math.nan)
-        elif isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        elif not isinstance(value, numbers.Real) or not math.isfinite(value):
             raise RewardError(
-                f"Reward {name!r} returned {value!r} for completion {index}: use a finite number, or None for no opinion."
+                f"Reward {name!r} returned {value!r} for completion {start + offset}: each value must be a finite "
+                "number, or None for no opinion."
             )
         else:
             checked.append(float(value))
     return checked
+

@@ -6,7 +6,6 @@ optimizer step accumulates `gradient_accumulation_steps` micro-batches; a genera
 `num_iterations` times before the next one is generated.
 """
 
-import json
 import logging
 import math
 import time
@@ -18,15 +17,18 @@ import torch
 from accelerate import Accelerator
 from accelerate.utils import set_seed
 from omegaconf import DictConfig, OmegaConf
-from tqdm.auto import tqdm
 from transformers import get_scheduler
 
 from grpo_kit.config import complete, options
 from grpo_kit.data import PromptSampler, load_prompts
+from grpo_kit.loggers import ConsoleLogger, JsonlLogger
 from grpo_kit.modeling import load_model, load_reference_model, mix_into_reference, per_token_logps_and_entropies
 from grpo_kit.objective import Objective, build_objective
+from grpo_kit.pipeline import Run
 from grpo_kit.plugins import PluginError, Registry
 from grpo_kit.rollout import Rollout
+from grpo_kit.samples import SampleLog
+from grpo_kit.scoring import Scorer
 
 log = logging.getLogger(__name__)
 
@@ -62,14 +64,13 @@ def train(cfg: DictConfig, run_dir: str | Path, registry: Registry | None = None
             f"{run_dir} already holds a run (metrics.jsonl): it is left untouched. "
             "Choose another directory with hydra.run.dir=..."
         )
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
 
     # Every plugin is built before the model is loaded, so a bad name or option costs nothing.
     objective = build_objective(cfg, registry)
     advantage = build_advantage(cfg, registry)
     rewards, reward_weights = build_rewards(cfg, registry)
     generation = registry.build("generation", cfg.generation.name, options(cfg.generation))
+    hook_plugins = [registry.build("hook", name, options(node)) for name, node in cfg.hook.items()]
 
     t, algo = cfg.trainer, cfg.algorithm
     num_generations = cfg.generation.num_generations
@@ -82,11 +83,15 @@ def train(cfg: DictConfig, run_dir: str | Path, registry: Registry | None = None
             f"{generation_batch_size * accelerator.num_processes} completions, which is not a multiple of "
             f"generation.num_generations={num_generations}: change one of them."
         )
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
     set_seed(cfg.seed)
 
     model, tokenizer = load_model(cfg.model)
     reference = load_reference_model(model) if algo.beta != 0.0 else None
-    sampler = PromptSampler(load_prompts(cfg.data), seed=cfg.seed, shuffle=cfg.data.shuffle)
+    sampler = PromptSampler(
+        load_prompts(cfg.data), cfg.seed, cfg.data.shuffle, accelerator.process_index, accelerator.num_processes
+    )
     optimizer = torch.optim.AdamW(
         model.parameters(),
         lr=t.learning_rate,
@@ -104,9 +109,6 @@ def train(cfg: DictConfig, run_dir: str | Path, registry: Registry | None = None
     if reference is not None:
         reference = reference.to(accelerator.device)
     generation.start(model, tokenizer, accelerator)
-    rollout = Rollout(
-        generation, rewards, reward_weights, advantage, tokenizer, num_generations, algo.mask_truncated_completions
-    )
     references = ReferenceQuantities(
         objective,
         reference,
@@ -114,68 +116,94 @@ def train(cfg: DictConfig, run_dir: str | Path, registry: Registry | None = None
         # Old log-probs are needed once the policy may have moved since the batch was generated.
         off_policy=t.gradient_accumulation_steps % (steps_per_generation * algo.num_iterations) != 0,
     )
+
+    pm = registry.plugin_manager
+    run_plugins = [JsonlLogger(), ConsoleLogger(), *hook_plugins]
+    for plugin in run_plugins:
+        pm.register(plugin)
+    hooks = pm.hook
+    scorer = Scorer(rewards, timeout=t.reward_timeout, workers=t.reward_workers)
+    rollout = Rollout(
+        sampler,
+        generation,
+        scorer,
+        reward_weights,
+        advantage,
+        tokenizer,
+        num_generations,
+        algo.mask_truncated_completions,
+        hooks,
+        with_logprobs=references.wants_sampling_logps,
+    )
+    samples = None
+    if t.sample_every > 0 and accelerator.is_main_process:
+        samples = SampleLog(run_dir, every=t.sample_every, max_rows=t.sample_rows)
+    run = Run(cfg, run_dir, accelerator, model, tokenizer, t.max_steps)
     prompts_per_generation = generation_batch_size * accelerator.num_processes // num_generations
+    try:
+        hooks.on_train_start(run=run)
+        window: dict[str, list[float]] = defaultdict(list)
+        micro_step = 0
+        for step in range(1, t.max_steps + 1):
+            started = time.perf_counter()
+            model.train()
+            for _ in range(t.gradient_accumulation_steps):
+                if micro_step % (steps_per_generation * algo.num_iterations) == 0:
+                    model.eval()
+                    micro_batches, rollout_metrics = generate_batch(
+                        rollout, run, references, model, prompts_per_generation, steps_per_generation, accelerator
+                    )
+                    model.train()
+                    if samples is not None:
+                        samples.record(step, *sample_columns(rollout))
+                micro_batch = micro_batches[micro_step % steps_per_generation]
+                micro_step += 1
+                for name, value in rollout_metrics.items():  # the generation batch this micro-batch came from
+                    window[name].append(value)
 
-    metrics_file = (run_dir / "metrics.jsonl").open("x")
-    window: dict[str, list[float]] = defaultdict(list)
-    progress = tqdm(range(t.max_steps), desc="grpo_kit", disable=not t.progress_bar or not accelerator.is_main_process)
-    micro_step = 0
-    for step in progress:
-        started = time.perf_counter()
-        model.train()
-        for _ in range(t.gradient_accumulation_steps):
-            if micro_step % (steps_per_generation * algo.num_iterations) == 0:
-                rows = sampler.draw(prompts_per_generation)[accelerator.process_index :: accelerator.num_processes]
-                model.eval()
-                micro_batches, rollout_metrics = generate_batch(
-                    rollout, references, model, rows, steps_per_generation, accelerator
-                )
-                model.train()
-            micro_batch = micro_batches[micro_step % steps_per_generation]
-            micro_step += 1
-            for name, value in rollout_metrics.items():  # the generation batch this micro-batch came from
-                window[name].append(value)
+                with accelerator.accumulate(model):
+                    per_token_logps, entropies = per_token_logps_and_entropies(
+                        model, micro_batch, cfg.generation.temperature, entropy_grad=algo.entropy_coef != 0.0
+                    )
+                    out = objective(
+                        per_token_logps,
+                        entropies,
+                        micro_batch,
+                        gradient_accumulation_steps=t.gradient_accumulation_steps,
+                        steps_per_generation=steps_per_generation,
+                        num_processes=accelerator.num_processes,
+                    )
+                    accelerator.backward(out.loss)
+                    if accelerator.sync_gradients:
+                        grad_norm = accelerator.clip_grad_norm_(model.parameters(), t.max_grad_norm)
+                    optimizer.step()
+                    scheduler.step()
+                    optimizer.zero_grad()
+                window["loss/micro"].append(out.loss.item())
+                for name, value in out.metrics.items():
+                    window[name].append(accelerator.gather(value).nanmean().item())
+            generation.update_weights(model)
+            if algo.sync_ref_model and step % algo.ref_model_sync_steps == 0:
+                mix_into_reference(accelerator.unwrap_model(model), reference, algo.ref_model_mixup_alpha)
 
-            with accelerator.accumulate(model):
-                per_token_logps, entropies = per_token_logps_and_entropies(
-                    model, micro_batch, cfg.generation.temperature, entropy_grad=algo.entropy_coef != 0.0
-                )
-                out = objective(
-                    per_token_logps,
-                    entropies,
-                    micro_batch,
-                    gradient_accumulation_steps=t.gradient_accumulation_steps,
-                    steps_per_generation=steps_per_generation,
-                    num_processes=accelerator.num_processes,
-                )
-                accelerator.backward(out.loss)
-                if accelerator.sync_gradients:
-                    grad_norm = accelerator.clip_grad_norm_(model.parameters(), t.max_grad_norm)
-                optimizer.step()
-                scheduler.step()
-                optimizer.zero_grad()
-            window["loss/micro"].append(out.loss.item())
-            for name, value in out.metrics.items():
-                window[name].append(accelerator.gather(value).mean().item())
-        generation.update_weights(model)
-        if algo.sync_ref_model and (step + 1) % algo.ref_model_sync_steps == 0:
-            mix_into_reference(accelerator.unwrap_model(model), reference, algo.ref_model_mixup_alpha)
+            window["grad_norm"].append(float(grad_norm))
+            window["seconds_per_step"].append(time.perf_counter() - started)
+            hooks.on_step_end(run=run, step=step, metrics={name: values[-1] for name, values in window.items()})
+            if step % t.logging_steps == 0 or step == t.max_steps:
+                logged = summarise(window, step, t.gradient_accumulation_steps, scheduler.get_last_lr()[0])
+                window.clear()
+                hooks.on_log(run=run, step=step, metrics=logged)
 
-        window["grad_norm"].append(float(grad_norm))
-        window["seconds_per_step"].append(time.perf_counter() - started)
-        if (step + 1) % t.logging_steps == 0 or step + 1 == t.max_steps:
-            logged = summarise(window, step + 1, t.gradient_accumulation_steps, scheduler.get_last_lr()[0])
-            window.clear()
-            if accelerator.is_main_process:
-                metrics_file.write(json.dumps(logged) + "\n")
-                metrics_file.flush()
-            progress.set_postfix(reward=f"{logged['reward']:.3f}", loss=f"{logged['loss']:.4f}")
-    metrics_file.close()
-    generation.close()
-
-    if t.save_model and accelerator.is_main_process:
-        accelerator.unwrap_model(model).save_pretrained(run_dir / "model")
-        tokenizer.save_pretrained(run_dir / "model")
+        generation.close()
+        if t.save_model and accelerator.is_main_process:
+            accelerator.unwrap_model(model).save_pretrained(run_dir / "model")
+            tokenizer.save_pretrained(run_dir / "model")
+            hooks.on_save(run=run, directory=run_dir / "model")
+        hooks.on_train_end(run=run)
+    finally:
+        scorer.close()
+        for plugin in run_plugins:
+            pm.unregister(plugin)
     return run_dir
 
 
@@ -209,9 +237,9 @@ class ReferenceQuantities:
 
 
 @torch.no_grad()
-def generate_batch(rollout, references, model, rows, steps_per_generation, accelerator):
+def generate_batch(rollout, run, references, model, num_prompts, steps_per_generation, accelerator):
     """A scored generation batch, shuffled and split into `steps_per_generation` micro-batches."""
-    batch, metrics = rollout(rows, with_logprobs=references.wants_sampling_logps)
+    batch, metrics = rollout(run, num_prompts)
     batch = {name: tensor.to(accelerator.device) for name, tensor in batch.items()}
     # Token normalisers (dapo, cispo) divide by the active tokens of the whole batch on every process.
     batch["num_items_in_batch"] = accelerator.gather(batch["completion_mask"].sum()).sum()
@@ -225,13 +253,19 @@ def generate_batch(rollout, references, model, rows, steps_per_generation, accel
     return micro_batches, metrics
 
 
+def sample_columns(rollout):
+    scored, advantages = rollout.last
+    return scored.prompts, scored.completions, scored.rewards_per_func, list(rollout.scorer.rewards), advantages
+
+
 def summarise(window: dict[str, list[float]], step: int, accumulation: int, learning_rate: float) -> dict:
-    """One metrics.jsonl line: the means over the logging window, and the loss of an optimizer step."""
+    """One logged line: the means over the logging window, and the loss of an optimizer step."""
     logged = {"step": step}
     for name, values in window.items():
         if name == "loss/micro":
             logged["loss"] = sum(values) / len(values) * accumulation  # a step's micro losses add up to its loss
         else:
-            logged[name] = sum(values) / len(values)
+            present = [value for value in values if not math.isnan(value)]
+            logged[name] = sum(present) / len(present) if present else math.nan
     logged["learning_rate"] = learning_rate
     return logged

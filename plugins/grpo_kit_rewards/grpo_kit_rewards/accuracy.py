@@ -1,32 +1,31 @@
-"""accuracy: 1.0 when the completion's final answer equals the gold `solution`, else 0.0.
+"""accuracy: 1.0 when the completion's final answer equals the gold answer, else 0.0; None when the gold is unparsable.
 
-Answers are compared with math-verify (https://github.com/huggingface/Math-Verify), which parses LaTeX and
-plain expressions, so "1/2", "0.5" and "\\frac{1}{2}" agree. A gold solution that cannot be parsed gives None:
-the reward has no opinion on that completion.
+The verifiable-reward check of DeepSeek-R1 (https://arxiv.org/abs/2501.12948), as TRL's `accuracy_reward`
+(https://huggingface.co/docs/trl/rewards) computes it with math-verify, except that a plain answer such as "12"
+counts too (TRL's own reward reads only LaTeX answers). The gold answers come from a dataset column, `solution`
+unless `solution_column` names another.
 """
 
-import functools
-
-from math_verify import parse, verify
-
-
-def accuracy(prompts, completions, completion_ids, solution, **columns):
-    return [_score(_text(completion).strip(), gold.strip()) for completion, gold in zip(completions, solution)]
+from grpo_kit_rewards.math_answers import is_correct
+from grpo_kit_rewards.text import completion_text
 
 
-def _score(answer: str, gold: str) -> float | None:
-    gold_parsed = _parse(gold)
-    if not gold_parsed:
-        return None
-    if answer == gold:  # the common case in a batch of short answers, without a parse
-        return 1.0
-    return float(verify(gold_parsed, _parse(answer)))
+class Accuracy:
+    cpu_heavy = True  # sympy holds the GIL: the Scorer runs this in its worker processes
+
+    def __init__(self, config):
+        self.solution_column = config.solution_column
+
+    def __call__(self, prompts, completions, completion_ids, **columns) -> list[float | None]:
+        solutions = gold_answers(columns, self.solution_column, "accuracy")
+        return [is_correct(completion_text(c), gold) for c, gold in zip(completions, solutions)]
 
 
-@functools.lru_cache(maxsize=4096)
-def _parse(text: str):
-    return parse(text)
-
-
-def _text(completion) -> str:
-    return completion[-1]["content"] if isinstance(completion, list) else completion
+def gold_answers(columns: dict, column: str, reward: str) -> list[str]:
+    if column not in columns:
+        raise ValueError(
+            f"The {reward} reward reads the gold answers from a dataset column named {column!r}, which this dataset "
+            f"lacks (its columns: {', '.join(columns) or 'none'}). Set reward.{reward}.solution_column to the "
+            "column that holds them."
+        )
+    return [str(gold) for gold in columns[column]]

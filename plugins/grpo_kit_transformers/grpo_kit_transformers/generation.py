@@ -3,6 +3,7 @@
 Nothing has to be pushed after an optimizer step: the generator samples from the very weights being trained.
 """
 
+import copy
 from dataclasses import dataclass, field
 
 import torch
@@ -36,20 +37,20 @@ class TransformersGeneration:
             eos_token_id=tokenizer.eos_token_id,
             bos_token_id=tokenizer.bos_token_id,
             disable_compile=True,  # compiling pays off only for long runs on a GPU
+            return_dict_in_generate=True,
             **self.config.generation_kwargs,
         )
+        # The logits after temperature, top-k and top-p are the sampling distribution: kept for a rollout correction.
+        self.generation_config_with_scores = copy.deepcopy(self.generation_config)
+        self.generation_config_with_scores.output_scores = True
 
     @torch.no_grad()
     def generate(self, prompt_ids, with_logprobs=False):
         prompts = self.tokenizer.pad({"input_ids": prompt_ids}, padding_side="left", return_tensors="pt")
         prompts = prompts.to(self.accelerator.device)
         model = self.accelerator.unwrap_model(self.model)
-        out = model.generate(
-            **prompts,
-            generation_config=self.generation_config,
-            return_dict_in_generate=True,
-            output_scores=with_logprobs,  # the logits after temperature, top-k, top-p: the sampling distribution
-        )
+        config = self.generation_config_with_scores if with_logprobs else self.generation_config
+        out = model.generate(**prompts, generation_config=config)
         completion_ids = out.sequences[:, prompts["input_ids"].shape[1] :]  # (N, T)
 
         is_eos = completion_ids == self.tokenizer.eos_token_id

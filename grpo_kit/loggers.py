@@ -1,0 +1,54 @@
+"""The run's two loggers, hook plugins like any other: metrics.jsonl in the run directory, and the progress bar."""
+
+import json
+import math
+
+from tqdm.auto import tqdm
+
+from grpo_kit.hookspecs import hookimpl
+
+
+class JsonlLogger:
+    """One JSON object per logged step in RUN_DIR/metrics.jsonl."""
+
+    @hookimpl
+    def on_train_start(self, run):
+        # "x": never append to, or overwrite, the metrics of another run
+        self.file = (run.directory / "metrics.jsonl").open("x") if run.accelerator.is_main_process else None
+
+    @hookimpl
+    def on_log(self, run, step, metrics):
+        if self.file is not None:
+            self.file.write(json.dumps({name: _plain(value) for name, value in metrics.items()}) + "\n")
+            self.file.flush()
+
+    @hookimpl
+    def on_train_end(self, run):
+        if self.file is not None:
+            self.file.close()
+
+
+class ConsoleLogger:
+    """A progress bar over the optimizer steps showing the last logged reward and loss."""
+
+    @hookimpl
+    def on_train_start(self, run):
+        enabled = run.cfg.trainer.progress_bar and run.accelerator.is_main_process
+        self.bar = tqdm(total=run.max_steps, desc="grpo_kit", disable=not enabled, mininterval=1.0)
+
+    @hookimpl
+    def on_step_end(self, run, step, metrics):
+        self.bar.update(1)
+
+    @hookimpl
+    def on_log(self, run, step, metrics):
+        self.bar.set_postfix(reward=f"{metrics['reward']:.3f}", loss=f"{metrics['loss']:.4f}", refresh=False)
+
+    @hookimpl
+    def on_train_end(self, run):
+        self.bar.close()
+
+
+def _plain(value):
+    """JSON has no NaN: a metric with no value (a std of one item, say) is written as null."""
+    return None if isinstance(value, float) and not math.isfinite(value) else value

@@ -1,0 +1,72 @@
+"""SampleLog: every `every` steps, a table of completions with their rewards and advantage, as JSONL and HTML."""
+
+import json
+import math
+
+import pytest
+import torch
+
+from grpo_kit.samples import PAGE_STEPS, SampleLog
+
+PROMPTS = ["1+1=", "1+1=", "2+2=", "2+2="]
+COMPLETIONS = ["2", "3", "<script>alert(1)</script>", "4"]
+REWARDS = torch.tensor([[1.0, 0.5], [0.0, math.nan], [0.0, 0.5], [1.0, 0.5]])
+ADVANTAGES = torch.tensor([0.7071, -0.7071, -0.7071, 0.7071])
+
+
+def record(log: SampleLog, step: int, completions=COMPLETIONS) -> None:
+    log.record(step, PROMPTS, completions, REWARDS, ["accuracy", "format"], ADVANTAGES)
+
+
+def lines(tmp_path) -> list[dict]:
+    return [json.loads(line) for line in (tmp_path / "samples.jsonl").read_text().splitlines()]
+
+
+def test_writes_only_every_n_steps_and_at_most_max_rows(tmp_path):
+    log = SampleLog(tmp_path, every=2, max_rows=3)
+    for step in range(5):
+        record(log, step)
+    rows = lines(tmp_path)
+    assert [row["step"] for row in rows] == [0, 0, 0, 2, 2, 2, 4, 4, 4]
+    assert rows[1] == {
+        "step": 0,
+        "prompt": "1+1=",
+        "completion": "3",
+        "rewards": {"accuracy": 0.0, "format": None},  # no opinion is null, not NaN, which JSON lacks
+        "advantage": pytest.approx(-0.7071),
+    }
+
+
+def test_page_escapes_text_and_shows_newest_step_first(tmp_path):
+    log = SampleLog(tmp_path, every=1, max_rows=4)
+    record(log, 1)
+    record(log, 2)
+    page = (tmp_path / "samples.html").read_text()
+    assert "<script>" not in page and "&lt;script&gt;alert(1)&lt;/script&gt;" in page
+    assert page.index("step 2") < page.index("step 1")
+    assert "<th>accuracy</th><th>format</th><th>advantage</th>" in page
+    assert "0.707" in page and "None" in page
+    assert not list(tmp_path.glob("*.tmp"))
+
+
+def test_page_keeps_only_the_latest_steps(tmp_path):
+    log = SampleLog(tmp_path, every=1, max_rows=1)
+    for step in range(PAGE_STEPS + 3):
+        record(log, step)
+    page = (tmp_path / "samples.html").read_text()
+    assert f"step {PAGE_STEPS + 2}<" in page and "step 2<" not in page
+    assert len(lines(tmp_path)) == PAGE_STEPS + 3
+
+
+def test_chat_messages_are_shown_by_role(tmp_path):
+    log = SampleLog(tmp_path, every=1, max_rows=1)
+    chat = [[{"role": "assistant", "content": "<b>2</b>"}]] * 4
+    log.record(0, [[{"role": "user", "content": "1+1?"}]] * 4, chat, REWARDS, ["accuracy", "format"], ADVANTAGES)
+    page = (tmp_path / "samples.html").read_text()
+    assert "[user] 1+1?" in page and "[assistant] &lt;b&gt;2&lt;/b&gt;" in page
+    assert lines(tmp_path)[0]["completion"] == [{"role": "assistant", "content": "<b>2</b>"}]
+
+
+def test_invalid_settings_are_named(tmp_path):
+    with pytest.raises(ValueError, match="every >= 1"):
+        SampleLog(tmp_path, every=0, max_rows=4)
