@@ -133,6 +133,9 @@ class Registry:
             )
         self._plugins[kind][name] = Plugin(kind, name, implementation, config, distribution)
 
+    def kinds(self) -> list[str]:
+        return list(self._plugins)
+
     def names(self, kind: str) -> list[str]:
         return sorted(self._plugins[kind])
 

@@ -21,6 +21,7 @@ from transformers import get_scheduler
 
 from grpo_kit.config import complete, options
 from grpo_kit.data import PromptSampler, load_prompts
+from grpo_kit.lock import write_or_compare
 from grpo_kit.loggers import ConsoleLogger, JsonlLogger
 from grpo_kit.modeling import load_model, load_reference_model, mix_into_reference, per_token_logps_and_entropies
 from grpo_kit.objective import Objective, build_objective
@@ -85,6 +86,7 @@ def train(cfg: DictConfig, run_dir: str | Path, registry: Registry | None = None
         )
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
+    write_or_compare(run_dir, registry, cfg)
     set_seed(cfg.seed)
 
     model, tokenizer = load_model(cfg.model)

@@ -144,3 +144,34 @@ def test_every_objective_setting_of_the_core_trains(registry, tiny_model, tmp_pa
 @pytest.mark.parametrize(("loss", "level", "correction"), list(combinations()))
 def test_every_loss_level_and_correction_trains_on_the_embedded_default(registry, tmp_path, loss, level, correction):
     train_one_step(registry, None, tmp_path, loss, level, correction)
+
+
+def test_two_rewards_are_logged_and_their_weighted_sum_trains(registry, tiny_model, tmp_path):
+    cfg = grpo_kit.compose(
+        tiny_run(tiny_model, "+reward=[think_format]", "reward.digits.weight=1.0", "reward.think_format.weight=0.5"),
+        registry,
+    )
+    grpo_kit.train(cfg, tmp_path, registry)
+    for line in map(json.loads, (tmp_path / "metrics.jsonl").read_text().splitlines()):
+        weighted = sum(line[f"rewards/{name}/mean"] * w for name, w in [("accuracy", 1), ("digits", 1), ("think_format", 0.5)])
+        assert line["reward"] == pytest.approx(weighted, abs=1e-6)
+        assert line["rewards/accuracy/failures"] == 0
+
+
+def test_a_reward_that_raises_does_not_stop_the_run(local_plugin, tiny_model, tmp_path, caplog):
+    module = local_plugin("raising_reward", """
+        import grpo_kit
+
+        def flaky(prompts, completions, completion_ids, **columns):
+            raise ConnectionError("the judge is down")
+
+        @grpo_kit.hookimpl
+        def register_rewards(register):
+            register("flaky", flaky)
+    """)
+    registry = Registry(plugin_manager(local_modules=[module, "digits_reward"]))
+    cfg = grpo_kit.compose(tiny_run(tiny_model, "+reward=[flaky]"), registry)
+    grpo_kit.train(cfg, tmp_path, registry)
+    lines = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert len(lines) == 3 and all(line["rewards/flaky/failures"] == 1 for line in lines)
+    assert "the judge is down" in caplog.text
