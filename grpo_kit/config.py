@@ -39,7 +39,9 @@ SINGLE_CHOICE_KINDS = [kind for kind in KINDS if kind not in MULTI_CHOICE_KINDS]
 @dataclass
 class ModelConfig:
     name_or_path: str | None = None  # a hub id or a local folder; None builds the embedded tiny model
-    model_init_kwargs: dict = field(default_factory=dict)  # passed to from_pretrained
+    # A dict for from_pretrained: model.model_init_kwargs={torch_dtype:bfloat16}. `Any`, not `dict`: Hydra
+    # rejects new keys in a typed dict, and these keys are free.
+    model_init_kwargs: Any = None
 
 
 @dataclass

@@ -18,7 +18,7 @@ def load_model(cfg: ModelConfig):
     if tokenizer.pad_token is None:
         log.info("The tokenizer has no pad token: padding with its EOS token %r", tokenizer.eos_token)
         tokenizer.pad_token = tokenizer.eos_token
-    model = AutoModelForCausalLM.from_pretrained(path, **cfg.model_init_kwargs)
+    model = AutoModelForCausalLM.from_pretrained(path, **(cfg.model_init_kwargs or {}))
     return model, tokenizer
 
 

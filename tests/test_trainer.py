@@ -175,3 +175,20 @@ def test_a_reward_that_raises_does_not_stop_the_run(local_plugin, tiny_model, tm
     lines = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert len(lines) == 3 and all(line["rewards/flaky/failures"] == 1 for line in lines)
     assert "the judge is down" in caplog.text
+
+
+def test_trl_reward_functions_by_import_path_train(registry, tiny_model, tmp_path):
+    pytest.importorskip("trl.rewards")
+    cfg = grpo_kit.compose(
+        tiny_run(
+            tiny_model,
+            "+reward=[python]",
+            "reward.python.function=trl.rewards:get_soft_overlong_punishment",
+            "reward.python.factory_kwargs={max_completion_len:4,soft_punish_cache:3}",
+        ),
+        registry,
+    )
+    grpo_kit.train(cfg, tmp_path, registry)
+    for line in map(json.loads, (tmp_path / "metrics.jsonl").read_text().splitlines()):
+        # lengths 1..4 against a limit of 4 with a cache of 3: penalties between -1 and 0, never a failure
+        assert -1.0 <= line["rewards/python/mean"] < 0.0 and line["rewards/python/failures"] == 0

@@ -5,6 +5,7 @@ The options live here, apart from the rewards, so that a worker process running 
 """
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from omegaconf import II
 
@@ -47,8 +48,9 @@ class SoftOverlongConfig(RewardConfig):
 @dataclass
 class PythonFunctionConfig(RewardConfig):
     function: str | None = None  # "package.module:function"; required
-    kwargs: dict = field(default_factory=dict)  # added to every call
-    factory_kwargs: dict | None = None  # set: `function` is a factory, called once with these to make the reward
+    # Dicts typed Any so that free keys can be given: reward.python.kwargs={target:3}
+    kwargs: Any = None  # added to every call
+    factory_kwargs: Any = None  # set: `function` is a factory, called once with these to make the reward
     cpu_heavy: bool | None = None  # run in worker processes; None: as the function declares (`cpu_heavy = True`)
 
 

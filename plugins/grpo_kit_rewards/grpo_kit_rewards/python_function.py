@@ -16,7 +16,7 @@ class PythonFunction:
     def __init__(self, config):
         target = _imported(config.function)
         self.function = target if config.factory_kwargs is None else target(**config.factory_kwargs)
-        self.kwargs = dict(config.kwargs)
+        self.kwargs = dict(config.kwargs or {})
         self.cpu_heavy = getattr(self.function, "cpu_heavy", False) if config.cpu_heavy is None else config.cpu_heavy
         # The Scorer reads `is_coroutine` to await what this sync wrapper returns for an async function.
         self.is_coroutine = inspect.iscoroutinefunction(self.function) or inspect.iscoroutinefunction(

@@ -4,7 +4,8 @@ Nothing has to be pushed after an optimizer step: the generator samples from the
 """
 
 import copy
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 import transformers
@@ -15,7 +16,7 @@ from grpo_kit import Completions, GenerationConfig
 @dataclass
 class TransformersGenerationConfig(GenerationConfig):
     cache_implementation: str | None = None  # e.g. "static"; None: transformers' dynamic KV cache
-    generation_kwargs: dict = field(default_factory=dict)  # any other GenerationConfig field, applied last
+    generation_kwargs: Any = None  # a dict of any other GenerationConfig fields, applied last
 
 
 class TransformersGeneration:
@@ -38,7 +39,7 @@ class TransformersGeneration:
             bos_token_id=tokenizer.bos_token_id,
             disable_compile=True,  # compiling pays off only for long runs on a GPU
             return_dict_in_generate=True,
-            **self.config.generation_kwargs,
+            **(self.config.generation_kwargs or {}),
         )
         # The logits after temperature, top-k and top-p are the sampling distribution: kept for a rollout correction.
         self.generation_config_with_scores = copy.deepcopy(self.generation_config)
