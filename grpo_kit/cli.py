@@ -1,10 +1,14 @@
 """`python -m grpo_kit OVERRIDES...`: a Hydra app that composes the run and trains it."""
 
+import json
 import logging
 import sys
+import traceback
+from pathlib import Path
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
 from hydra.errors import OverrideParseException
 
 from grpo_kit.compatibility import ConfigError
@@ -28,13 +32,33 @@ def main() -> None:
     store_configs(registry)
 
     @hydra.main(version_base="1.3", config_path=None, config_name=PRIMARY_CONFIG)
-    def run(cfg) -> None:
+    def run(cfg) -> float | None:
+        """Train one run; return its final reward (the mean of the last tenth of logged steps) for sweepers."""
         from grpo_kit.trainer import train  # torch and transformers load only once the config is valid
 
+        hydra_cfg = HydraConfig.get()
+        run_dir = Path(hydra_cfg.runtime.output_dir)
         try:
-            train(cfg, HydraConfig.get().runtime.output_dir, registry)
-        except (PluginError, ConfigError, RewardError, FileExistsError) as error:
-            log.error("%s", error)
-            sys.exit(1)
+            train(cfg, run_dir, registry)
+        except Exception as error:
+            if hydra_cfg.mode != RunMode.MULTIRUN:
+                if isinstance(error, EXPECTED_ERRORS):
+                    log.error("%s", error)
+                    sys.exit(1)
+                raise
+            # In a sweep, one failed run is recorded and the others go on.
+            (run_dir / "error.txt").write_text("".join(traceback.format_exception(error)))
+            log.error("This run failed (see %s): %s", run_dir / "error.txt", error)
+            return None
+        return final_reward(run_dir / "metrics.jsonl")
 
     run()
+
+
+EXPECTED_ERRORS = (PluginError, ConfigError, RewardError, FileExistsError)
+
+
+def final_reward(metrics_file: Path) -> float:
+    rewards = [json.loads(line)["reward"] for line in metrics_file.read_text().splitlines()]
+    tenth = max(1, len(rewards) // 10)
+    return sum(rewards[-tenth:]) / tenth

@@ -1,0 +1,21 @@
+"""The Hydra app: a sweep records a failed run and goes on."""
+
+import subprocess
+import sys
+
+
+def test_a_failing_run_does_not_stop_the_sweep(tiny_model, tmp_path):
+    sweep = tmp_path / "sweep"
+    result = subprocess.run(
+        [
+            sys.executable, "-m", "grpo_kit", "-m", "+reward=accuracy", f"model.name_or_path={tiny_model}",
+            "generation.num_generations=4", "trainer.max_steps=2", "trainer.progress_bar=false",
+            "trainer.save_model=false", "trainer.per_device_train_batch_size=6,8", f"hydra.sweep.dir={sweep}",
+        ],
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "not a multiple of generation.num_generations=4" in (sweep / "0" / "error.txt").read_text()
+    assert not (sweep / "1" / "error.txt").exists()
+    assert len((sweep / "1" / "metrics.jsonl").read_text().splitlines()) == 2
