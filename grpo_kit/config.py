@@ -93,12 +93,19 @@ class TrainerConfig:
 
 
 @dataclass
+class RolloutsConfig:
+    save: bool = False  # keep every scored generation batch in RUN_DIR/rollouts/ (for rollouts.replay)
+    replay: str | None = None  # a run directory whose saved rollouts this run trains on instead of generating
+
+
+@dataclass
 class RunConfig:
     seed: int = 42
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    rollouts: RolloutsConfig = field(default_factory=RolloutsConfig)
     # One node per plugin kind, filled by the group choices (`+loss=dapo`, `advantage=rloo`, ...).
     loss: Any = None
     importance_sampling: Any = None

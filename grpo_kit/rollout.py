@@ -8,6 +8,7 @@ from grpo_kit.advantages import nanstd, weighted_rewards
 from grpo_kit.data import PromptSampler, is_conversational, prompt_text
 from grpo_kit.kinds import Generation
 from grpo_kit.pipeline import Run, ScoredBatch
+from grpo_kit.replay import RolloutRecorder, RolloutReplay
 from grpo_kit.scoring import Scorer
 
 
@@ -23,22 +24,33 @@ class Rollout:
     mask_truncated_completions: bool
     hooks: object  # the plugin manager's hook caller
     with_logprobs: bool = False  # ask the backend for the sampler's log-probs (for a rollout correction)
+    replay: RolloutReplay | None = None  # frozen rollouts to train on instead of generating
+    recorder: RolloutRecorder | None = None  # saves every scored batch
 
     def __call__(self, run: Run, num_prompts: int) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
         """The next generation batch of `num_prompts` prompts: tensors for the objective, and its metrics."""
-        scored = self.score(self.sampler.draw(num_prompts))
-        replaced = self.hooks.on_rollout_scored(run=run, scored=scored, draw=lambda n: self.score(self.sampler.draw(n)))
-        if replaced is not None:
-            if replaced.num_groups != scored.num_groups:
-                raise RuntimeError(
-                    f"An on_rollout_scored hook returned {replaced.num_groups} groups for a batch of "
-                    f"{scored.num_groups}: a hook must keep the batch size."
-                )
-            scored = replaced
+        if self.replay is not None:
+            scored = self.replay.next()
+        else:
+            scored = self._scored_and_filtered(run, num_prompts)
         advantages = self.advantage(scored.rewards_per_func, self.reward_weights, self.num_generations)  # (N,)
         advantages = self.hooks.on_advantages(run=run, scored=scored, advantages=advantages) or advantages
+        if self.recorder is not None:
+            self.recorder.save(scored, advantages)
         self.last = (scored, advantages)  # for the sample log
         return self._tensors(scored, advantages), self._metrics(scored)
+
+    def _scored_and_filtered(self, run: Run, num_prompts: int) -> ScoredBatch:
+        scored = self.score(self.sampler.draw(num_prompts))
+        replaced = self.hooks.on_rollout_scored(run=run, scored=scored, draw=lambda n: self.score(self.sampler.draw(n)))
+        if replaced is None:
+            return scored
+        if replaced.num_groups != scored.num_groups:
+            raise RuntimeError(
+                f"An on_rollout_scored hook returned {replaced.num_groups} groups for a batch of "
+                f"{scored.num_groups}: a hook must keep the batch size."
+            )
+        return replaced
 
     def score(self, rows: list[dict]) -> ScoredBatch:
         """Generate num_generations completions for each row's prompt and score them."""

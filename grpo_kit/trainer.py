@@ -26,6 +26,7 @@ from grpo_kit.loggers import ConsoleLogger, JsonlLogger
 from grpo_kit.modeling import load_model, load_reference_model, mix_into_reference, per_token_logps_and_entropies
 from grpo_kit.objective import Objective, build_objective
 from grpo_kit.pipeline import Run
+from grpo_kit.replay import RolloutRecorder, RolloutReplay
 from grpo_kit.plugins import PluginError, Registry
 from grpo_kit.rollout import Rollout
 from grpo_kit.samples import SampleLog
@@ -84,6 +85,7 @@ def train(cfg: DictConfig, run_dir: str | Path, registry: Registry | None = None
             f"{generation_batch_size * accelerator.num_processes} completions, which is not a multiple of "
             f"generation.num_generations={num_generations}: change one of them."
         )
+    replay = RolloutReplay(cfg.rollouts.replay, num_generations, generation_batch_size) if cfg.rollouts.replay else None
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
     write_or_compare(run_dir, registry, cfg)
@@ -136,6 +138,8 @@ def train(cfg: DictConfig, run_dir: str | Path, registry: Registry | None = None
         algo.mask_truncated_completions,
         hooks,
         with_logprobs=references.wants_sampling_logps,
+        replay=replay,
+        recorder=RolloutRecorder(run_dir) if cfg.rollouts.save else None,
     )
     samples = None
     if t.sample_every > 0 and accelerator.is_main_process:
