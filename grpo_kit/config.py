@@ -86,6 +86,10 @@ class TrainerConfig:
     logging_steps: int = 1
     progress_bar: bool = True
     save_model: bool = True  # save_pretrained into the run directory at the end
+    save_steps: int = 0  # a checkpoint every this many steps (0: only at the end) in RUN_DIR/checkpoints
+    save_total_limit: int = 2  # checkpoints kept, newest first
+    resume: str | None = None  # auto (the run directory's newest checkpoint, if any) or a checkpoint/run path
+    resume_force: bool = False  # resume even though the settings changed since the checkpoint
     reward_timeout: float = 60.0  # seconds a batch's rewards may take; a reward still running gives None
     reward_workers: int | None = None  # processes for CPU-heavy rewards (math verifiers); None: up to 8
     sample_every: int = 50  # steps between sample tables (samples.jsonl, samples.html); 0: none

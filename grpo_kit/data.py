@@ -52,6 +52,13 @@ class PromptSampler:
             rows.append(self.dataset[self.order.pop()])
         return rows[self.process_index :: self.num_processes]
 
+    def state(self) -> dict:
+        return {"rng": self.rng.getstate(), "order": list(self.order)}
+
+    def restore(self, state: dict) -> None:
+        self.rng.setstate(state["rng"])
+        self.order = list(state["order"])
+
 
 def is_conversational(prompt) -> bool:
     return isinstance(prompt, list) and all(isinstance(message, dict) and "role" in message for message in prompt)

@@ -13,8 +13,9 @@ class JsonlLogger:
 
     @hookimpl
     def on_train_start(self, run):
-        # "x": never append to, or overwrite, the metrics of another run
-        self.file = (run.directory / "metrics.jsonl").open("x") if run.accelerator.is_main_process else None
+        # "x": never append to, or overwrite, the metrics of another run; "a": a resumed run goes on with its own
+        mode = "a" if run.start_step else "x"
+        self.file = (run.directory / "metrics.jsonl").open(mode) if run.accelerator.is_main_process else None
 
     @hookimpl
     def on_log(self, run, step, metrics):
@@ -34,7 +35,9 @@ class ConsoleLogger:
     @hookimpl
     def on_train_start(self, run):
         enabled = run.cfg.trainer.progress_bar and run.accelerator.is_main_process
-        self.bar = tqdm(total=run.max_steps, desc="grpo_kit", disable=not enabled, mininterval=1.0)
+        self.bar = tqdm(
+            total=run.max_steps, initial=run.start_step, desc="grpo_kit", disable=not enabled, mininterval=1.0
+        )
 
     @hookimpl
     def on_step_end(self, run, step, metrics):

@@ -19,6 +19,7 @@ class Run:
     model: torch.nn.Module
     tokenizer: Any
     max_steps: int
+    start_step: int = 0  # the step a resumed run starts after
 
 
 @dataclass

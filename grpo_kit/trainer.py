@@ -8,6 +8,7 @@ optimizer step accumulates `gradient_accumulation_steps` micro-batches; a genera
 
 import logging
 import math
+import signal
 import time
 from collections import defaultdict
 from dataclasses import dataclass
@@ -19,6 +20,7 @@ from accelerate.utils import set_seed
 from omegaconf import DictConfig, OmegaConf
 from transformers import get_scheduler
 
+from grpo_kit.checkpoint import check_resumable, find_checkpoint, load_checkpoint, restore_random_states, restore_run_files, save_checkpoint
 from grpo_kit.config import complete, options
 from grpo_kit.data import PromptSampler, load_prompts
 from grpo_kit.lock import write_or_compare
@@ -61,7 +63,8 @@ def train(cfg: DictConfig, run_dir: str | Path, registry: Registry | None = None
     registry = registry or Registry()
     cfg = complete(cfg, registry)
     run_dir = Path(run_dir)
-    if (run_dir / "metrics.jsonl").exists():
+    checkpoint = find_checkpoint(cfg.trainer.resume, run_dir) if cfg.trainer.resume else None
+    if checkpoint is None and (run_dir / "metrics.jsonl").exists():
         raise FileExistsError(
             f"{run_dir} already holds a run (metrics.jsonl): it is left untouched. "
             "Choose another directory with hydra.run.dir=..."
@@ -110,6 +113,15 @@ def train(cfg: DictConfig, run_dir: str | Path, registry: Registry | None = None
         num_training_steps=t.max_steps,
     )
     model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
+    resumed = load_checkpoint(checkpoint) if checkpoint is not None else None
+    if resumed is not None:
+        check_resumable(resumed["config"], cfg, checkpoint)
+        accelerator.unwrap_model(model).load_state_dict(resumed["model"])
+        optimizer.load_state_dict(resumed["optimizer"])
+        scheduler.load_state_dict(resumed["scheduler"])
+        sampler.restore(resumed["sampler"])
+        restore_run_files(checkpoint, run_dir)
+        log.info("Resuming from %s (step %d)", checkpoint, resumed["step"])
     if reference is not None:
         reference = reference.to(accelerator.device)
     generation.start(model, tokenizer, accelerator)
@@ -144,13 +156,20 @@ def train(cfg: DictConfig, run_dir: str | Path, registry: Registry | None = None
     samples = None
     if t.sample_every > 0 and accelerator.is_main_process:
         samples = SampleLog(run_dir, every=t.sample_every, max_rows=t.sample_rows)
-    run = Run(cfg, run_dir, accelerator, model, tokenizer, t.max_steps)
+    start_step = resumed["step"] if resumed is not None else 0
+    run = Run(cfg, run_dir, accelerator, model, tokenizer, t.max_steps, start_step)
     prompts_per_generation = generation_batch_size * accelerator.num_processes // num_generations
     try:
         hooks.on_train_start(run=run)
         window: dict[str, list[float]] = defaultdict(list)
         micro_step = 0
-        for step in range(1, t.max_steps + 1):
+        if resumed is not None:  # the step's pending generation batch, its metrics, and every random generator
+            micro_step, micro_batches = resumed["micro_step"], resumed["micro_batches"]
+            rollout_metrics = resumed["rollout_metrics"]
+            window.update(resumed["window"])
+            restore_random_states(resumed["random"])
+        stop = StopRequest()
+        for step in range(start_step + 1, t.max_steps + 1):
             started = time.perf_counter()
             model.train()
             for _ in range(t.gradient_accumulation_steps):
@@ -199,18 +218,51 @@ def train(cfg: DictConfig, run_dir: str | Path, registry: Registry | None = None
                 logged = summarise(window, step, t.gradient_accumulation_steps, scheduler.get_last_lr()[0])
                 window.clear()
                 hooks.on_log(run=run, step=step, metrics=logged)
+            if (t.save_steps and step % t.save_steps == 0) or step == t.max_steps or stop.requested:
+                state = {
+                    "model": accelerator.unwrap_model(model).state_dict(),
+                    "optimizer": optimizer.state_dict(),
+                    "scheduler": scheduler.state_dict(),
+                    "sampler": sampler.state(),
+                    "micro_step": micro_step,
+                    "micro_batches": micro_batches,
+                    "rollout_metrics": rollout_metrics,
+                    "window": dict(window),
+                    "config": OmegaConf.to_container(cfg, resolve=True),
+                }
+                if accelerator.is_main_process:
+                    save_checkpoint(run_dir, step, state, keep=t.save_total_limit)
+            if stop.requested:
+                log.warning("Stopped by %s after step %d: resume with trainer.resume=auto", stop.requested, step)
+                break
 
         generation.close()
-        if t.save_model and accelerator.is_main_process:
+        if t.save_model and accelerator.is_main_process and not stop.requested:
             accelerator.unwrap_model(model).save_pretrained(run_dir / "model")
             tokenizer.save_pretrained(run_dir / "model")
             hooks.on_save(run=run, directory=run_dir / "model")
         hooks.on_train_end(run=run)
     finally:
+        stop.restore()
         scorer.close()
         for plugin in run_plugins:
             pm.unregister(plugin)
     return run_dir
+
+
+class StopRequest:
+    """SIGINT or SIGTERM: finish the step under way, save a checkpoint and stop, instead of dying mid-step."""
+
+    def __init__(self):
+        self.requested: str | None = None
+        self.previous = {sig: signal.signal(sig, self._request) for sig in (signal.SIGINT, signal.SIGTERM)}
+
+    def _request(self, signum, frame):
+        self.requested = signal.Signals(signum).name
+
+    def restore(self):
+        for sig, handler in self.previous.items():
+            signal.signal(sig, handler)
 
 
 @dataclass
