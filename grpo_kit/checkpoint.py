@@ -30,10 +30,20 @@ def save_checkpoint(run_dir: Path, step: int, state: dict, keep: int) -> Path:
     staging = root / f".writing-{PREFIX}{step:06d}"
     shutil.rmtree(staging, ignore_errors=True)  # left by a crash during an earlier attempt
     staging.mkdir()
-    torch.save({**state, "step": step, "random": random_states()}, staging / "state.pt")
-    for name in ("metrics.jsonl", "samples.jsonl"):
-        if (Path(run_dir) / name).exists():
-            shutil.copy2(Path(run_dir) / name, staging / name)
+    try:
+        torch.save({**state, "step": step, "random": random_states()}, staging / "state.pt")
+        for name in ("metrics.jsonl", "samples.jsonl"):
+            if (Path(run_dir) / name).exists():
+                shutil.copy2(Path(run_dir) / name, staging / name)
+    except OSError as error:
+        shutil.rmtree(staging, ignore_errors=True)
+        kept = sorted(root.glob(f"{PREFIX}*"))
+        raise OSError(
+            error.errno,
+            f"The checkpoint of step {step} could not be written ({error.strerror or error}); "
+            + (f"the previous checkpoint {kept[-1]} is intact. " if kept else "")
+            + "Free some space and resume with trainer.resume=auto.",
+        ) from error
     staging.rename(final)
     for old in sorted(root.glob(f"{PREFIX}*"))[:-keep]:
         shutil.rmtree(old)

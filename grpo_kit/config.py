@@ -90,6 +90,7 @@ class TrainerConfig:
     save_total_limit: int = 2  # checkpoints kept, newest first
     resume: str | None = None  # auto (the run directory's newest checkpoint, if any) or a checkpoint/run path
     resume_force: bool = False  # resume even though the settings changed since the checkpoint
+    max_bad_steps: int = 5  # non-finite losses in a row before the run saves and stops
     reward_timeout: float = 60.0  # seconds a batch's rewards may take; a reward still running gives None
     reward_workers: int | None = None  # processes for CPU-heavy rewards (math verifiers); None: up to 8
     sample_every: int = 50  # steps between sample tables (samples.jsonl, samples.html); 0: none

@@ -18,9 +18,16 @@ def load_prompts(cfg: DataConfig) -> datasets.Dataset:
     elif Path(cfg.path).suffix in _FORMAT_OF_SUFFIX:
         if not Path(cfg.path).exists():
             raise FileNotFoundError(f"data.path={cfg.path} does not exist.")
-        dataset = datasets.load_dataset(_FORMAT_OF_SUFFIX[Path(cfg.path).suffix], data_files=cfg.path, split="train")
+        try:
+            dataset = datasets.load_dataset(_FORMAT_OF_SUFFIX[Path(cfg.path).suffix], data_files=cfg.path, split="train")
+        except ValueError as error:
+            if "no data" not in str(error):
+                raise
+            dataset = datasets.Dataset.from_dict({})  # an empty file; check_dataset says so
     else:
         dataset = datasets.load_dataset(cfg.path, cfg.name, split=cfg.split)
+    if len(dataset) == 0:
+        raise ValueError(f"The dataset {cfg.path} is empty: it needs at least one row with a `prompt`.")
     if "prompt" not in dataset.column_names:
         raise ValueError(
             f"The dataset {cfg.path} has no `prompt` column (columns: {', '.join(dataset.column_names)}). "

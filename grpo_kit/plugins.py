@@ -168,6 +168,7 @@ def _bind_options(function, config):
         return function(*args, **options, **kwargs)
 
     bound.__name__ = getattr(function, "__name__", "reward")
+    bound.function, bound.options = function, options  # for the check of the dataset columns it needs
     bound.is_coroutine = inspect.iscoroutinefunction(function)
     return bound
 

@@ -21,6 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 from transformers import get_scheduler
 
 from grpo_kit.checkpoint import check_resumable, find_checkpoint, load_checkpoint, restore_random_states, restore_run_files, save_checkpoint
+from grpo_kit.checks import check_model_path, check_prompt_lengths, check_reward_columns
 from grpo_kit.config import complete, options
 from grpo_kit.data import PromptSampler, load_prompts
 from grpo_kit.lock import write_or_compare
@@ -94,10 +95,17 @@ def train(cfg: DictConfig, run_dir: str | Path, registry: Registry | None = None
     write_or_compare(run_dir, registry, cfg)
     set_seed(cfg.seed)
 
+    check_model_path(cfg.model.name_or_path)
+    prompts = load_prompts(cfg.data)
+    check_reward_columns(rewards, prompts)
     model, tokenizer = load_model(cfg.model)
+    check_prompt_lengths(
+        prompts, tokenizer, cfg.generation.max_completion_length,
+        getattr(model.config, "max_position_embeddings", None),
+    )
     reference = load_reference_model(model) if algo.beta != 0.0 else None
     sampler = PromptSampler(
-        load_prompts(cfg.data), cfg.seed, cfg.data.shuffle, accelerator.process_index, accelerator.num_processes
+        prompts, cfg.seed, cfg.data.shuffle, accelerator.process_index, accelerator.num_processes
     )
     optimizer = torch.optim.AdamW(
         model.parameters(),
@@ -169,9 +177,11 @@ def train(cfg: DictConfig, run_dir: str | Path, registry: Registry | None = None
             window.update(resumed["window"])
             restore_random_states(resumed["random"])
         stop = StopRequest()
+        bad_steps = 0
         for step in range(start_step + 1, t.max_steps + 1):
             started = time.perf_counter()
             model.train()
+            finite = True  # a non-finite loss anywhere in the step skips the whole optimizer step
             for _ in range(t.gradient_accumulation_steps):
                 if micro_step % (steps_per_generation * algo.num_iterations) == 0:
                     model.eval()
@@ -198,12 +208,15 @@ def train(cfg: DictConfig, run_dir: str | Path, registry: Registry | None = None
                         steps_per_generation=steps_per_generation,
                         num_processes=accelerator.num_processes,
                     )
-                    accelerator.backward(out.loss)
+                    finite = finite and bool(torch.isfinite(out.loss))
+                    if finite:
+                        accelerator.backward(out.loss)
                     if accelerator.sync_gradients:
-                        grad_norm = accelerator.clip_grad_norm_(model.parameters(), t.max_grad_norm)
-                    optimizer.step()
-                    scheduler.step()
-                    optimizer.zero_grad()
+                        if finite:
+                            grad_norm = accelerator.clip_grad_norm_(model.parameters(), t.max_grad_norm)
+                            optimizer.step()
+                            scheduler.step()
+                        optimizer.zero_grad()
                 window["loss/micro"].append(out.loss.item())
                 for name, value in out.metrics.items():
                     window[name].append(accelerator.gather(value).nanmean().item())
@@ -211,7 +224,12 @@ def train(cfg: DictConfig, run_dir: str | Path, registry: Registry | None = None
             if algo.sync_ref_model and step % algo.ref_model_sync_steps == 0:
                 mix_into_reference(accelerator.unwrap_model(model), reference, algo.ref_model_mixup_alpha)
 
-            window["grad_norm"].append(float(grad_norm))
+            bad_steps = 0 if finite else bad_steps + 1
+            if not finite:
+                log.warning("Step %d had a non-finite loss: skipping the step (%d in a row)", step, bad_steps)
+                stop.requested = stop.requested or ("non-finite losses" if bad_steps >= t.max_bad_steps else None)
+            else:
+                window["grad_norm"].append(float(grad_norm))
             window["seconds_per_step"].append(time.perf_counter() - started)
             hooks.on_step_end(run=run, step=step, metrics={name: values[-1] for name, values in window.items()})
             if step % t.logging_steps == 0 or step == t.max_steps:
@@ -232,6 +250,12 @@ def train(cfg: DictConfig, run_dir: str | Path, registry: Registry | None = None
                 }
                 if accelerator.is_main_process:
                     save_checkpoint(run_dir, step, state, keep=t.save_total_limit)
+            if stop.requested == "non-finite losses":
+                raise RuntimeError(
+                    f"{bad_steps} steps in a row had a non-finite loss, so the run stopped after saving a checkpoint "
+                    f"at step {step}. Lower trainer.learning_rate or check the rewards, then resume with "
+                    "trainer.resume=auto."
+                )
             if stop.requested:
                 log.warning("Stopped by %s after step %d: resume with trainer.resume=auto", stop.requested, step)
                 break

@@ -45,7 +45,9 @@ class VESPO:
         log_w = (log_ratio * inputs.mask).sum(-1, keepdim=True)  # log of the product over the sequence
         if inputs.rollout_ratio is not None:
             log_correction = torch.clamp(torch.log(inputs.rollout_ratio), LOG_MIN_WEIGHT, LOG_MAX_WEIGHT)
-            log_w = log_w + log_correction.sum(-1, keepdim=True)
+            # Padding tokens carry no correction (TRL 1.16 sums over them too, which matters only when the
+            # bounds exclude a ratio of 1).
+            log_w = log_w + (log_correction * inputs.mask).sum(-1, keepdim=True)
         log_w = torch.clamp(log_w, LOG_MIN_WEIGHT, LOG_MAX_WEIGHT)
         c = self.config
         positive = inputs.advantages >= 0

@@ -16,6 +16,10 @@ class Accuracy:
     def __init__(self, config):
         self.solution_column = config.solution_column
 
+    @property
+    def required_columns(self) -> list[str]:
+        return [self.solution_column]
+
     def __call__(self, prompts, completions, completion_ids, **columns) -> list[float | None]:
         solutions = gold_answers(columns, self.solution_column, "accuracy")
         return [is_correct(completion_text(c), gold) for c, gold in zip(completions, solutions)]

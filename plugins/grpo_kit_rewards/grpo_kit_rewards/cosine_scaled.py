@@ -31,6 +31,10 @@ class CosineScaled:
         self.correct = (config.min_value_correct, config.max_value_correct)
         self.wrong = (config.max_value_wrong, config.min_value_wrong)
 
+    @property
+    def required_columns(self) -> list[str]:
+        return [self.solution_column]
+
     def __call__(self, prompts, completions, completion_ids, **columns) -> list[float | None]:
         solutions = gold_answers(columns, self.solution_column, "cosine_scaled")
         rewards = []

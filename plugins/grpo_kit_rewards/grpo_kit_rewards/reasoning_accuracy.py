@@ -18,6 +18,10 @@ class ReasoningAccuracy:
         self.solution_column = config.solution_column
         self.reasoning_delimiters = list(config.reasoning_delimiters)
 
+    @property
+    def required_columns(self) -> list[str]:
+        return [self.solution_column]
+
     def __call__(self, prompts, completions, completion_ids, **columns) -> list[float | None]:
         solutions = gold_answers(columns, self.solution_column, "reasoning_accuracy")
         return [self._score(completion_text(c), gold) for c, gold in zip(completions, solutions)]

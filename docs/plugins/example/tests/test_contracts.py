@@ -1,0 +1,34 @@
+"""Every plugin of this distribution against grpo_kit's conformance kit: what the core relies on.
+
+Run it after installing the distribution: `pip install -e . && python -m pytest tests`.
+"""
+
+from grpo_kit.testing.contracts import AdvantageContract, LossContract, RewardContract, assert_contracts_cover
+
+
+class TestGPGLoss(LossContract):
+    plugin_name = "gpg"
+    required_metrics = ("gpg/nonzero_advantage_share",)
+    # accumulation_invariant: GPG declares it itself (a class attribute), so the kit checks it.
+
+
+class TestGPGAdvantage(AdvantageContract):
+    plugin_name = "gpg"
+
+
+class TestGPGAdvantageLikeGRPO(AdvantageContract):
+    plugin_name = "gpg"
+    options = {"gradient_correction": False, "normalize_by_std": True}
+
+
+class TestRegexFormat(RewardContract):
+    plugin_name = "regex_format"
+
+
+class TestRegexFormatAnywhere(RewardContract):
+    plugin_name = "regex_format"
+    options = {"pattern": r"\d", "full_match": False}
+
+
+def test_every_plugin_is_checked():
+    assert_contracts_cover("grpo-kit-example", globals())

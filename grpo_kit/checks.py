@@ -1,0 +1,70 @@
+"""Checks on the run's inputs, made before any training, each failing with what is wrong and how to fix it."""
+
+import inspect
+from pathlib import Path
+
+import datasets
+
+from grpo_kit.data import prompt_text
+
+TRL_ARGUMENTS = {"prompts", "completions", "completion_ids"}
+
+
+def check_model_path(name_or_path: str | None) -> None:
+    """A local-looking path that does not exist is a typo, not a hub id: say so before the hub is asked."""
+    if name_or_path is None or Path(name_or_path).exists():
+        return
+    if name_or_path.startswith((".", "/", "~")) or name_or_path.count("/") > 1:
+        raise FileNotFoundError(
+            f"model.name_or_path={name_or_path} does not exist. Give an existing folder saved with "
+            "save_pretrained, or a hub id such as Qwen/Qwen2.5-0.5B-Instruct."
+        )
+
+
+def check_reward_columns(rewards: dict, dataset: datasets.Dataset) -> None:
+    """Every column a reward requires must be in the dataset (other columns reach rewards as keyword arguments)."""
+    available = set(dataset.column_names) - {"prompt"}
+    for name, reward in rewards.items():
+        missing = sorted(set(required_columns(reward)) - available)
+        if missing:
+            raise ValueError(
+                f"Reward {name!r} needs the dataset column(s) {', '.join(missing)}, which the dataset lacks (its "
+                f"columns: {', '.join(dataset.column_names)}). Add the column, or choose another reward."
+            )
+
+
+def required_columns(reward) -> list[str]:
+    """What a reward declares (`required_columns`), or the keyword parameters without defaults it takes."""
+    declared = getattr(reward, "required_columns", None)
+    if declared is not None:
+        return list(declared)
+    function = getattr(reward, "function", reward)  # a reward bound to its options keeps the function
+    parameters = inspect.signature(function).parameters.values()
+    bound = getattr(reward, "options", None) or getattr(reward, "kwargs", None) or {}
+    return [
+        p.name
+        for p in parameters
+        if p.default is p.empty
+        and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+        and p.name not in TRL_ARGUMENTS
+        and p.name not in bound
+    ]
+
+
+def check_prompt_lengths(dataset: datasets.Dataset, tokenizer, max_completion_length: int, context: int | None):
+    """The longest prompt plus a full completion must fit the model's context."""
+    if context is None:
+        return
+    longest, index = 0, 0
+    for start in range(0, len(dataset), 1000):
+        prompts = dataset[start : start + 1000]["prompt"]
+        texts = [prompt_text(tokenizer, prompt) for prompt in prompts]
+        lengths = [len(ids) for ids in tokenizer(texts, add_special_tokens=False).input_ids]
+        if max(lengths) > longest:
+            longest, index = max(lengths), start + lengths.index(max(lengths))
+    if longest + max_completion_length > context:
+        raise ValueError(
+            f"Prompt {index} of the dataset is {longest} tokens long; with generation.max_completion_length="
+            f"{max_completion_length} that exceeds the model's context of {context} tokens. Shorten or drop the "
+            "long prompts, or lower generation.max_completion_length."
+        )

@@ -1,0 +1,47 @@
+"""Every built-in loss against the conformance kit (grpo_kit.testing.contracts)."""
+
+import pytest
+
+from grpo_kit.testing.contracts import LossContract, assert_contracts_cover
+
+CLIPPED_METRICS = (
+    "clip_ratio/low_mean",
+    "clip_ratio/high_mean",
+    "clip_ratio/region_mean",
+    "clip_ratio/low_min",
+    "clip_ratio/high_max",
+)
+
+
+class TestClippedLosses(LossContract):
+    plugin_names = ("grpo", "dr_grpo", "dapo", "luspo")
+    required_metrics = CLIPPED_METRICS
+    accumulation_invariant = True
+
+
+class TestBNPO(LossContract):
+    """bnpo divides by the micro-batch's own active tokens (as TRL does), so the split changes its gradient."""
+
+    plugin_name = "bnpo"
+    required_metrics = CLIPPED_METRICS
+
+
+class TestCISPO(LossContract):
+    plugin_name = "cispo"
+    required_metrics = ("cispo_clip_ratio",)
+    accumulation_invariant = True
+
+
+class TestSAPO(LossContract):
+    plugin_name = "sapo"
+    accumulation_invariant = True
+
+
+class TestVESPO(LossContract):
+    plugin_name = "vespo"
+    required_metrics = ("vespo/phi_seq_mean",)
+    accumulation_invariant = True
+
+
+def test_every_loss_is_checked():
+    assert_contracts_cover("grpo-kit-losses", globals())
