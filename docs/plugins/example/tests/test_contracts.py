@@ -3,7 +3,13 @@
 Run it after installing the distribution: `pip install -e . && python -m pytest tests`.
 """
 
-from grpo_kit.testing.contracts import AdvantageContract, LossContract, RewardContract, assert_contracts_cover
+from grpo_kit.testing.contracts import (
+    AdvantageContract,
+    HookContract,
+    LossContract,
+    RewardContract,
+    assert_contracts_cover,
+)
 
 
 class TestGPGLoss(LossContract):
@@ -28,6 +34,10 @@ class TestRegexFormat(RewardContract):
 class TestRegexFormatAnywhere(RewardContract):
     plugin_name = "regex_format"
     options = {"pattern": r"\d", "full_match": False}
+
+
+class TestRewardTarget(HookContract):
+    plugin_name = "reward_target"
 
 
 def test_every_plugin_is_checked():

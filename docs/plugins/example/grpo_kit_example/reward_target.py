@@ -1,0 +1,28 @@
+"""reward_target: a hook plugin that writes a note to the run directory the first time the logged reward
+reaches a target, so a sweep can be read for "steps to reach 0.5" without scanning every metrics file."""
+
+import json
+from dataclasses import dataclass
+
+import grpo_kit
+
+
+@dataclass
+class RewardTargetConfig:
+    target: float = 0.5  # the mean logged reward to reach
+
+
+class RewardTarget:
+    def __init__(self, config: RewardTargetConfig):
+        self.target = config.target
+        self.reached_at: int | None = None
+
+    @grpo_kit.hookimpl
+    def on_log(self, run, step, metrics):
+        if self.reached_at is None and metrics["reward"] >= self.target:
+            self.reached_at = step
+
+    @grpo_kit.hookimpl
+    def on_train_end(self, run):
+        note = {"target": self.target, "reached_at_step": self.reached_at}
+        (run.directory / "reward_target.json").write_text(json.dumps(note) + "\n")
