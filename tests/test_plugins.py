@@ -144,3 +144,18 @@ def test_uninstalling_a_distribution_removes_only_its_names(monkeypatch):
             assert reduced.names(kind) == full.names(kind)
     with pytest.raises(PluginError, match="No loss plugin named 'grpo'"):
         reduced.get("loss", "grpo")
+
+
+def test_entry_point_that_fails_to_import_names_itself_its_distribution_and_the_cause(monkeypatch):
+    installed = importlib.metadata.entry_points
+    losses = next(ep for ep in installed(group="grpo_kit") if ep.value == "grpo_kit_losses.plugin")
+    broken = importlib.metadata.EntryPoint("mylab", "mylab_missing.plugin", "grpo_kit")
+    broken = broken._for(losses.dist)  # as if the losses distribution declared it
+
+    monkeypatch.setattr(importlib.metadata, "entry_points", lambda **selection: [*installed(**selection), broken])
+    with pytest.raises(
+        PluginError,
+        match=r"entry point 'mylab' = 'mylab_missing.plugin' of distribution grpo-kit-losses 0\.1\.0 failed to load: "
+        r"ModuleNotFoundError\(\"No module named 'mylab_missing'\"\)",
+    ):
+        plugin_manager(local_modules=[])
