@@ -1,0 +1,59 @@
+"""write_report: a sweep directory in, report.md + runs.csv + variants.csv + PNG figures out, beside the runs."""
+
+import logging
+from pathlib import Path
+
+from grpo_kit.report import markdown, tables
+from grpo_kit.report.collect import find_runs
+
+log = logging.getLogger(__name__)
+
+INSTALL_HINT = "pip install 'grpo-kit[sweeps]' (or pip install matplotlib)"
+
+
+class ReportError(ValueError):
+    """A directory the report cannot be made of; the message says what to give instead."""
+
+
+def write_report(sweep_dir: Path, plots: bool = True) -> list[Path]:
+    """Write the sweep's report into `sweep_dir` and return the files written, report.md first.
+
+    `sweep_dir` is a Hydra multirun directory (its runs in subfolders 0/, 1/, ...) or a single run's directory.
+    Without matplotlib the tables are still written and report.md says how to get the figures.
+    """
+    sweep_dir = Path(sweep_dir)
+    runs = find_runs(sweep_dir)
+    if not runs:
+        raise ReportError(
+            f"No runs in {sweep_dir}: a run's folder holds metrics.jsonl, config.yaml, .hydra/ or error.txt. "
+            "Give the sweep's directory (multirun/DATE/TIME) or one run's (outputs/DATE/TIME)."
+        )
+    variants, shared = tables.group_variants(runs)
+    run_rows = tables.run_rows(runs, variants)
+    variant_rows = tables.variant_rows(variants)
+    written = [
+        tables.write_csv(sweep_dir / "runs.csv", run_rows, tables.RUN_COLUMNS),
+        tables.write_csv(sweep_dir / "variants.csv", variant_rows, tables.VARIANT_COLUMNS),
+    ]
+
+    figures, notes = [], []
+    if plots:
+        try:
+            import matplotlib  # noqa: F401  only the figures need it, and it is an optional dependency
+        except ImportError as error:
+            notes.append(f"No figures: {error}. Install matplotlib for them: {INSTALL_HINT}.")
+            log.warning("The sweep report has no figures: %s. %s", error, INSTALL_HINT)
+        else:
+            from grpo_kit.report.plots import write_plots
+
+            figures = write_plots(variants, sweep_dir, subtitle=sweep_name(sweep_dir))
+
+    report = sweep_dir / "report.md"
+    text = markdown.render(sweep_dir, sweep_name(sweep_dir), variants, shared, run_rows, variant_rows, figures, notes)
+    report.write_text(text)
+    return [report, *written, *figures]
+
+
+def sweep_name(sweep_dir: Path) -> str:
+    """DATE/TIME for multirun/DATE/TIME: the time alone does not say which sweep a figure comes from."""
+    return "/".join(sweep_dir.resolve().parts[-2:])

@@ -1,0 +1,128 @@
+"""report.md: what a person reads first after a sweep, with the figures inline and the failures spelled out."""
+
+import math
+from pathlib import Path
+
+import yaml
+
+from grpo_kit.report.tables import Variant
+
+FIGURE_TITLES = {
+    "final_reward.png": "Final reward per variant",
+    "reward.png": "Reward",
+    "completion_length.png": "Completion length",
+    "kl.png": "KL divergence",
+    "entropy.png": "Entropy",
+    "clip_ratio.png": "Clipped tokens",
+}
+
+
+def render(
+    sweep_dir: Path,
+    name: str,
+    variants: list[Variant],
+    shared: list[str],
+    run_rows: list[dict],
+    variant_rows: list[dict],
+    figures: list[Path],
+    notes: list[str],
+) -> str:
+    statuses = [row["status"] for row in run_rows]
+    counts = ", ".join(f"{statuses.count(s)} {s}" for s in ("ok", "failed", "incomplete") if statuses.count(s))
+    lines = [
+        f"# Sweep report: {name}",
+        "",
+        f"`{sweep_dir}`: {len(run_rows)} runs in {len(variants)} variants ({counts}).",
+    ]
+    if shared:
+        lines += ["", "Every run had: `" + " ".join(shared) + "`"]
+    lines += ["", *[f"> {note}" for note in notes]] if notes else []
+    lines += _optuna_result(sweep_dir)
+
+    lines += [
+        "",
+        "## Variants, best final reward first",
+        "",
+        (
+            "Final reward: the mean reward of the last tenth of a run's logged steps. Best: the highest reward of "
+            "one step. Mean ± std over the variant's completed runs (its seeds). Wall time: the training steps "
+            "only. Tokens/s: generated completion tokens per second of training, on one process."
+        ),
+        "",
+        "| variant | final reward | best reward | runs (ok / failed / incomplete) | wall time | tokens/s |",
+        "|---|---|---|---|---|---|",
+    ]
+    for row in variant_rows:
+        lines.append(
+            f"| {_cell(row['variant'])} | {_pm(row['final_reward_mean'], row['final_reward_std'], '.3f')} "
+            f"| {_pm(row['best_reward_mean'], row['best_reward_std'], '.3f')} "
+            f"| {row['runs']} ({row['ok']} / {row['failed']} / {row['incomplete']}) "
+            f"| {_duration(row['wall_time_s_mean'])} "
+            f"| {_pm(row['tokens_per_s_mean'], row['tokens_per_s_std'], '.0f')} |"
+        )
+
+    if figures:
+        lines += ["", "## Figures"]
+        for path in figures:
+            lines += ["", f"![{FIGURE_TITLES.get(path.name, path.stem)}]({path.name})"]
+
+    lines += [
+        "",
+        "## Runs",
+        "",
+        "| run | variant | seed | status | final reward | best reward | steps | wall time | tokens/s |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for row in run_rows:
+        lines.append(
+            f"| {row['run']} | {_cell(row['variant'])} | {row['seed'] if row['seed'] is not None else ''} "
+            f"| {row['status']} | {_number(row['final_reward'], '.3f')} | {_number(row['best_reward'], '.3f')} "
+            f"| {row['steps']} | {_duration(row['wall_time_s'])} | {_number(row['tokens_per_s'], '.0f')} |"
+        )
+
+    unfinished = [run for variant in variants for run in variant.runs if run.status != "ok"]
+    if unfinished:
+        lines += ["", "## Runs that did not finish", ""]
+        order = {row["run"]: position for position, row in enumerate(run_rows)}
+        for run in sorted(unfinished, key=lambda run: order[run.name]):
+            if run.error is not None:
+                detail = f"{run.error_message} (the traceback is in `{run.name}/error.txt`)"
+            elif run.status == "failed":
+                detail = run.error_message
+            else:
+                detail = f"stopped at step {run.steps[-1]}: killed, timed out, or still running"
+            lines.append(f"- **{run.name}** ({run.status}) `{' '.join(run.overrides)}`: {detail}")
+    return "\n".join(lines) + "\n"
+
+
+def _optuna_result(sweep_dir: Path) -> list[str]:
+    """The Optuna sweeper's verdict, when this sweep was a search (it writes optimization_results.yaml)."""
+    path = sweep_dir / "optimization_results.yaml"
+    if not path.is_file():
+        return []
+    result = yaml.safe_load(path.read_text()) or {}
+    if "best_params" not in result:
+        return []
+    params = " ".join(f"{name}={value}" for name, value in result["best_params"].items())
+    return ["", f"Optuna's best trial: `{params}`, final reward {_number(result.get('best_value'), '.3f')}."]
+
+
+def _pm(mean: float, std: float, spec: str) -> str:
+    if mean is None or math.isnan(mean):
+        return "–"
+    return f"{mean:{spec}}" if std is None or math.isnan(std) else f"{mean:{spec}} ± {std:{spec}}"
+
+
+def _number(value, spec: str) -> str:
+    return "–" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:{spec}}"
+
+
+def _duration(seconds: float) -> str:
+    if seconds is None or math.isnan(seconds):
+        return "–"
+    return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.1f} min"
+
+
+def _cell(text: str) -> str:
+    """A table cell: a `|` would end it, so it is escaped."""
+    return f"`{text}`".replace("|", "\\|")

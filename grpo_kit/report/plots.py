@@ -1,0 +1,181 @@
+"""The report's figures: one PNG per metric, a line per variant, over the optimizer steps.
+
+Each run's raw per-step values are smoothed with a centred moving average (per-step rewards of a small batch are
+noisy); a variant's line is the mean of its runs' smoothed curves and its band the min-max over them, so the band
+shows how much the seed alone moves the curve. matplotlib is imported here only, with the Agg backend (files, no
+window), so the rest of the report works without it.
+"""
+
+import math
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from grpo_kit.report.tables import Variant
+
+
+@dataclass(frozen=True)
+class Figure:
+    filename: str
+    title: str
+    ylabel: str
+    metrics: tuple[str, ...]  # the first one a variant's runs logged is drawn (losses log different clip ratios)
+
+
+FIGURES = [
+    Figure("reward.png", "Reward", "mean reward of the step's completions", ("reward",)),
+    Figure("completion_length.png", "Completion length", "tokens per completion (mean)", ("completions/mean_length",)),
+    Figure("kl.png", "KL divergence to the reference model", "KL (k3 estimate, per token)", ("kl",)),
+    Figure("entropy.png", "Policy entropy", "entropy (nats per token)", ("entropy",)),
+    Figure(
+        "clip_ratio.png",
+        "Clipped tokens",
+        "share of tokens clipped",
+        ("clip_ratio/region_mean", "cispo_clip_ratio"),
+    ),
+]
+
+
+def smoothing_window(num_steps: int) -> int:
+    """About a twentieth of the run: enough to see the trend through per-step noise, not so much to hide it."""
+    return max(1, num_steps // 20)
+
+
+def moving_average(values: np.ndarray, window: int) -> np.ndarray:
+    """Centred moving average that skips NaN and shrinks at the ends, so the curve keeps its length and its ends."""
+    if window <= 1:
+        return values.astype(float)
+    present = ~np.isnan(values)
+    kernel = np.ones(window)
+    sums = np.convolve(np.where(present, values, 0.0), kernel, mode="same")
+    counts = np.convolve(present.astype(float), kernel, mode="same")
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(counts > 0, sums / counts, np.nan)
+
+
+def write_plots(variants: list[Variant], directory: Path, subtitle: str = "") -> list[Path]:
+    """The figures of the metrics some run logged, written into `directory`; the paths written."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # no display: a report is made on servers, in CI and inside Hydra callbacks
+    import matplotlib.pyplot as plt
+
+    written = []
+    # One colour per variant, the same in every figure.
+    colour_of = dict(zip((variant.label for variant in variants), _colours(len(variants))))
+    for figure in FIGURES:
+        curves = [(variant, colour_of[variant.label], _curve(variant, figure.metrics)) for variant in variants]
+        curves = [(variant, colour, curve) for variant, colour, curve in curves if curve is not None]
+        if not curves:
+            continue  # no run logged this metric (kl needs algorithm.beta > 0, clip ratios a clipped loss)
+        fig, ax = plt.subplots(figsize=(10, 5.5), dpi=110)
+        windows = set()
+        metrics = {curve.metric for _, _, curve in curves}
+        for variant, colour, curve in curves:
+            windows.add(curve.window)
+            # Name the metric in the legend only when the variants log different ones (cispo vs the clipped losses).
+            label = f"{variant.label} ({curve.metric})" if len(metrics) > 1 else variant.label
+            if len(curve.runs) > 1:
+                label += f"  [{len(curve.runs)} seeds]"
+                ax.fill_between(curve.steps, curve.low, curve.high, color=colour, alpha=0.18, linewidth=0)
+            ax.plot(curve.steps, curve.mean, color=colour, linewidth=1.8, label=label)
+        smoothing = "/".join(str(window) for window in sorted(windows))
+        _titles(fig, ax, figure.title, subtitle, f"lines: mean over seeds; bands: min-max over seeds; "
+                f"moving average over {smoothing} steps of the raw per-step values")
+        ax.set_xlabel("optimizer step")
+        ax.set_ylabel(figure.ylabel if len(metrics) > 1 else f"{figure.ylabel}\n({metrics.pop()})")
+        ax.grid(True, alpha=0.3)
+        # Beside the axes, not on them: a sweep has many variants and the curves need the room.
+        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
+        fig.tight_layout()
+        path = directory / figure.filename
+        fig.savefig(path, bbox_inches="tight")
+        plt.close(fig)
+        written.append(path)
+    final = _final_reward_figure(plt, variants, colour_of, subtitle, directory)
+    return ([final] if final else []) + written  # the summary first: report.md shows them in this order
+
+
+@dataclass
+class Curve:
+    metric: str
+    runs: list
+    window: int
+    steps: np.ndarray
+    mean: np.ndarray
+    low: np.ndarray
+    high: np.ndarray
+
+
+def _curve(variant: Variant, metrics: tuple[str, ...]) -> Curve | None:
+    """A variant's smoothed curve of the first of `metrics` its runs logged; None when they logged none."""
+    runs = [run for run in variant.runs if run.steps]  # a run that failed before its first step has no curve
+    metric = next((name for name in metrics if any(run.has(name) for run in runs)), None)
+    if metric is None:
+        return None
+    runs = [run for run in runs if run.has(metric)]
+    steps = np.array(sorted({step for run in runs for step in run.steps}))
+    index = {step: position for position, step in enumerate(steps)}
+    window = smoothing_window(len(steps))
+    grid = np.full((len(runs), len(steps)), np.nan)  # runs x steps; a run that stopped early leaves NaN
+    for row, run in enumerate(runs):
+        run_steps, values = run.series(metric)
+        smoothed = moving_average(np.array(values, dtype=float), window)
+        for step, value in zip(run_steps, smoothed):
+            grid[row, index[step]] = value
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # a step no run has: all-NaN column, drawn as a gap
+        return Curve(metric, runs, window, steps, np.nanmean(grid, 0), np.nanmin(grid, 0), np.nanmax(grid, 0))
+
+
+def _final_reward_figure(plt, variants, colour_of, subtitle, directory) -> Path | None:
+    """Final reward per variant, best on top: a dot per seed, the mean as a bar across them, whiskers +/- std.
+
+    No bars from zero: the variants of a sweep usually differ by a few hundredths, which bars would flatten.
+    """
+    rows = []
+    for variant in variants:
+        finals = [run.final_reward for run in variant.completed if not math.isnan(run.final_reward)]
+        if finals:
+            rows.append((variant.label, finals, colour_of[variant.label]))
+    if not rows:
+        return None
+    rows.sort(key=lambda row: np.mean(row[1]))
+    fig, ax = plt.subplots(figsize=(10, max(2.8, 0.45 * len(rows) + 1.8)), dpi=110)
+    for position, (label, finals, colour) in enumerate(rows):
+        mean = np.mean(finals)
+        if len(finals) > 1:
+            ax.errorbar(mean, position, xerr=np.std(finals, ddof=1), color="0.2", capsize=4, linewidth=1, zorder=2)
+        ax.scatter(finals, [position] * len(finals), color=colour, edgecolor="black", linewidth=0.5, s=30, zorder=3)
+        ax.scatter([mean], [position], marker="|", color="black", s=400, linewidth=2.5, zorder=4)
+        ax.annotate(f"{mean:.3f}", (mean, position), xytext=(0, 9), textcoords="offset points", ha="center",
+                    fontsize=8)
+    ax.set_yticks(range(len(rows)), [label for label, _, _ in rows], fontsize=8)
+    ax.set_ylim(-0.7, len(rows) - 0.3)
+    ax.set_xlabel("final reward (mean reward of the last tenth of the logged steps)")
+    _titles(fig, ax, "Final reward per variant", subtitle, "dots: seeds; black bar: their mean; whiskers: +/- std")
+    ax.grid(True, axis="x", alpha=0.3)
+    fig.tight_layout()
+    path = directory / "final_reward.png"
+    fig.savefig(path, bbox_inches="tight")
+    plt.close(fig)
+    return path
+
+
+def _titles(fig, ax, title: str, subtitle: str, how_to_read: str) -> None:
+    """The figure's title (with the sweep it comes from), and under it a line on how to read it."""
+    fig.suptitle(f"{title}  ({subtitle})" if subtitle else title, fontsize=12, x=0.01, ha="left")
+    ax.set_title(how_to_read, fontsize=8, color="0.35", loc="left")
+
+
+def _colours(count: int) -> list:
+    """Distinct colours: tab10 up to ten variants, tab20 up to twenty, then a continuous map."""
+    import matplotlib
+
+    if count <= 10:
+        return [matplotlib.colormaps["tab10"](index) for index in range(count)]
+    if count <= 20:
+        return [matplotlib.colormaps["tab20"](index) for index in range(count)]
+    return [matplotlib.colormaps["turbo"](index / max(1, count - 1)) for index in range(count)]
