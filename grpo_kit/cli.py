@@ -1,6 +1,5 @@
 """`python -m grpo_kit OVERRIDES...`: a Hydra app that composes the run and trains it."""
 
-import json
 import logging
 import sys
 import traceback
@@ -14,6 +13,7 @@ from hydra.errors import OverrideParseException
 from grpo_kit.compatibility import ConfigError
 from grpo_kit.config import PRIMARY_CONFIG, check_choices, store_configs, with_presets
 from grpo_kit.plugins import PluginError, Registry
+from grpo_kit.report import final_reward
 from grpo_kit.scoring import RewardError
 
 log = logging.getLogger("grpo_kit")
@@ -50,15 +50,10 @@ def main() -> None:
             (run_dir / "error.txt").write_text("".join(traceback.format_exception(error)))
             log.error("This run failed (see %s): %s", run_dir / "error.txt", error)
             return None
-        return final_reward(run_dir / "metrics.jsonl")
+        return final_reward(run_dir)
 
     run()
 
 
 EXPECTED_ERRORS = (PluginError, ConfigError, RewardError, FileExistsError)
 
-
-def final_reward(metrics_file: Path) -> float:
-    rewards = [json.loads(line)["reward"] for line in metrics_file.read_text().splitlines()]
-    tenth = max(1, len(rewards) // 10)
-    return sum(rewards[-tenth:]) / tenth

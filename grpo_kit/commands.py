@@ -3,6 +3,7 @@
     grpo-kit plugins               every installed plugin, its distribution and its options with their defaults
     grpo-kit plugins --json        the same as JSON
     grpo-kit plugins --kind loss   one kind only
+    grpo-kit report DIR            a sweep's report.md, runs.csv, variants.csv and figures, written into DIR
 
 A new command is a function `NAME_command(args) -> int` plus its parser in `build_parser`.
 """
@@ -16,6 +17,9 @@ import sys
 from grpo_kit.inventory import InstalledPlugin, installed_plugins
 from grpo_kit.kinds import KINDS
 from grpo_kit.plugins import PluginError
+from grpo_kit.report.command import DESCRIPTION as REPORT_DESCRIPTION
+from grpo_kit.report.command import add_arguments as add_report_arguments
+from grpo_kit.report.command import report_command
 
 COMMANDS = ("plugins",)
 
@@ -66,6 +70,11 @@ def build_parser() -> argparse.ArgumentParser:
     plugins.add_argument("--json", action="store_true", help="print JSON instead of a table")
     plugins.add_argument("--kind", choices=KINDS, action="append", help="only this kind (repeatable)")
     plugins.set_defaults(run=plugins_command)
+    report = commands.add_parser(
+        "report", help="write a sweep's report: tables and figures that compare its runs", description=REPORT_DESCRIPTION
+    )
+    add_report_arguments(report)
+    report.set_defaults(run=report_command)
     return parser
 
 

@@ -137,7 +137,11 @@ def store_configs(registry: Registry) -> None:
     primary = OmegaConf.structured(RunConfig)
     with open_dict(primary):
         primary.defaults = defaults
-        primary.hydra = {"searchpath": [f"pkg://{PRESETS_MODULE}"]}
+        primary.hydra = {
+            "searchpath": [f"pkg://{PRESETS_MODULE}"],
+            # Every sweep ends by writing its report into its directory; '~hydra.callbacks.report' turns it off.
+            "callbacks": {"report": {"_target_": "grpo_kit.report.callback.ReportCallback"}},
+        }
     store.store(name=PRIMARY_CONFIG, node=primary)
 
 

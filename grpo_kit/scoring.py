@@ -139,6 +139,10 @@ class Scorer:
         return list(zip(bounds, bounds[1:]))
 
     def _start_pool(self) -> None:
+        # Inside a launcher's worker (joblib's loky) the default start method is the launcher's own, which the
+        # pool's processes, never importing it, cannot set up: give them the platform's.
+        if multiprocessing.get_start_method(allow_none=True) not in multiprocessing.get_all_start_methods():
+            multiprocessing.set_start_method(None, force=True)
         if self._pool is not None:
             self._pool.terminate()
         context = multiprocessing.get_context(_START_METHOD)

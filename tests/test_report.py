@@ -13,10 +13,11 @@ import pytest
 import yaml
 from omegaconf import OmegaConf
 
-from grpo_kit.report import ReportError, main, write_report
+from grpo_kit.report import ReportError, final_reward, main, write_report
 from grpo_kit.report.callback import ReportCallback
 from grpo_kit.report.collect import find_runs
-from grpo_kit.report.plots import moving_average
+from grpo_kit.report.plots import FIGURES, _curve, moving_average
+from grpo_kit.report.tables import group_variants
 
 STEPS = 20  # the final reward is the mean of the last 20 // 10 = 2 steps
 SECONDS_PER_STEP = 0.5
@@ -139,6 +140,14 @@ def test_report_md_and_figures(sweep):
     assert "RuntimeError: reward server went away (the traceback is in `5/error.txt`)" in report
 
 
+def test_clip_figure_takes_each_losss_own_clip_ratio(sweep):
+    variants, _ = group_variants(find_runs(sweep))
+    clip = next(figure for figure in FIGURES if figure.filename == "clip_ratio.png")
+    metrics = {variant.label: _curve(variant, clip.metrics).metric for variant in variants}
+    assert metrics == {"+loss=grpo": "clip_ratio/region_mean", "+loss=dapo": "clip_ratio/region_mean",
+                       "+loss=cispo": "cispo_clip_ratio"}
+
+
 def test_figures_only_for_metrics_some_run_logged(tmp_path):
     write_run(tmp_path / "0", "grpo", 0)
     written = {path.name for path in write_report(tmp_path)}
@@ -152,6 +161,17 @@ def test_incomplete_run_and_logging_steps(tmp_path):
     assert runs["0"].status == "incomplete" and runs["1"].status == "ok"
     assert runs["1"].wall_time == pytest.approx(STEPS * SECONDS_PER_STEP)  # every step counts, not every line
     assert runs["1"].tokens_per_second == pytest.approx(128.0)
+
+
+def test_final_reward_for_the_sweeper(tmp_path):
+    write_run(tmp_path / "0", "grpo", 0)
+    assert final_reward(tmp_path / "0") == pytest.approx((reward("grpo", 0, 19) + reward("grpo", 0, 20)) / 2)
+    # Every reward of the last tenth is null (all its rewards timed out): None, which Optuna takes as a failed
+    # trial; a NaN would stop its study.
+    (tmp_path / "1").mkdir()
+    (tmp_path / "1" / "metrics.jsonl").write_text('{"step": 1, "reward": 0.5}\n{"step": 2, "reward": null}\n')
+    assert final_reward(tmp_path / "1") is None
+    assert final_reward(tmp_path / "nothing") is None  # no metrics.jsonl at all
 
 
 def test_a_run_without_metrics_is_failed(tmp_path):

@@ -120,7 +120,7 @@ def train_one_step(registry, tiny_model, tmp_path, loss, level, correction, *ext
         run = tiny_run(tiny_model, "trainer.max_steps=1")
     cfg = grpo_kit.compose([*run, "trainer.save_model=false", *overrides], registry)
     grpo_kit.train(cfg, tmp_path, registry)
-    logged = json.loads((tmp_path / "metrics.jsonl").read_text())
+    logged = json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[-1])
     assert all(value == value for value in (logged["loss"], logged["grad_norm"])), logged  # not NaN
     return logged
 

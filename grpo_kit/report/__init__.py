@@ -3,12 +3,14 @@
     write_report(sweep_dir)     report.md, runs.csv, variants.csv and PNG figures, written into sweep_dir
     grpo-kit report DIR         the same from the shell (grpo_kit/report/command.py)
     ReportCallback              writes it when a sweep ends (grpo_kit/report/callback.py)
+    final_reward(run_dir)       what a run returns to the sweeper (Optuna maximises it)
 
 collect.py reads run directories, tables.py makes the rows, plots.py the figures (matplotlib, optional),
 markdown.py the report, build.py puts them together.
 """
 
 from grpo_kit.report.build import ReportError, write_report
+from grpo_kit.report.collect import final_reward
 from grpo_kit.report.command import main
 
-__all__ = ["ReportError", "main", "write_report"]
+__all__ = ["ReportError", "final_reward", "main", "write_report"]

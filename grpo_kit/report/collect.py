@@ -131,6 +131,16 @@ class Run:
                 previous = step
 
 
+def final_reward(run_dir: Path) -> float | None:
+    """What a run returns to the sweeper: its final reward, or None when no step of its last tenth has a reward.
+
+    None and not NaN: Optuna's sweeper counts a None as a failed trial and goes on, but stops the whole study on
+    a NaN. The same definition as the report's final_reward column, so the search and the report agree.
+    """
+    value = load_run(Path(run_dir), Path(run_dir)).final_reward
+    return None if math.isnan(value) else value
+
+
 def find_runs(sweep_dir: Path) -> list[Run]:
     """Every run under `sweep_dir` (itself, when it is a single run's directory), in the sweep's job order."""
     sweep_dir = Path(sweep_dir)

@@ -2,10 +2,12 @@
 
 Each run's raw per-step values are smoothed with a centred moving average (per-step rewards of a small batch are
 noisy); a variant's line is the mean of its runs' smoothed curves and its band the min-max over them, so the band
-shows how much the seed alone moves the curve. matplotlib is imported here only, with the Agg backend (files, no
-window), so the rest of the report works without it.
+shows how much the seed alone moves the curve. matplotlib is imported here only, so the rest of the report works
+without it; figures are drawn with its object API and saved by the Agg renderer (PNG files, no window), never
+through pyplot, so a caller's backend and pyplot's open figures are left alone.
 """
 
+import fnmatch
 import math
 import warnings
 from dataclasses import dataclass
@@ -21,7 +23,9 @@ class Figure:
     filename: str
     title: str
     ylabel: str
-    metrics: tuple[str, ...]  # the first one a variant's runs logged is drawn (losses log different clip ratios)
+    # The first of these a variant's runs logged is drawn: losses log different clip ratios. A pattern (with *)
+    # matches any metric of that form, so a new loss's `NAME_clip_ratio` is drawn without naming it here.
+    metrics: tuple[str, ...]
 
 
 FIGURES = [
@@ -33,7 +37,7 @@ FIGURES = [
         "clip_ratio.png",
         "Clipped tokens",
         "share of tokens clipped",
-        ("clip_ratio/region_mean", "cispo_clip_ratio"),
+        ("clip_ratio/region_mean", "*_clip_ratio"),
     ),
 ]
 
@@ -57,10 +61,7 @@ def moving_average(values: np.ndarray, window: int) -> np.ndarray:
 
 def write_plots(variants: list[Variant], directory: Path, subtitle: str = "") -> list[Path]:
     """The figures of the metrics some run logged, written into `directory`; the paths written."""
-    import matplotlib
-
-    matplotlib.use("Agg")  # no display: a report is made on servers, in CI and inside Hydra callbacks
-    import matplotlib.pyplot as plt
+    from matplotlib.figure import Figure as MatplotlibFigure
 
     written = []
     # One colour per variant, the same in every figure.
@@ -70,12 +71,13 @@ def write_plots(variants: list[Variant], directory: Path, subtitle: str = "") ->
         curves = [(variant, colour, curve) for variant, colour, curve in curves if curve is not None]
         if not curves:
             continue  # no run logged this metric (kl needs algorithm.beta > 0, clip ratios a clipped loss)
-        fig, ax = plt.subplots(figsize=(10, 5.5), dpi=110)
+        fig = MatplotlibFigure(figsize=(10, 5.5), dpi=110)
+        ax = fig.subplots()
         windows = set()
         metrics = {curve.metric for _, _, curve in curves}
         for variant, colour, curve in curves:
             windows.add(curve.window)
-            # Name the metric in the legend only when the variants log different ones (cispo vs the clipped losses).
+            # Name the metric in the legend only when the variants log different ones (clip ratios).
             label = f"{variant.label} ({curve.metric})" if len(metrics) > 1 else variant.label
             if len(curve.runs) > 1:
                 label += f"  [{len(curve.runs)} seeds]"
@@ -85,16 +87,17 @@ def write_plots(variants: list[Variant], directory: Path, subtitle: str = "") ->
         _titles(fig, ax, figure.title, subtitle, f"lines: mean over seeds; bands: min-max over seeds; "
                 f"moving average over {smoothing} steps of the raw per-step values")
         ax.set_xlabel("optimizer step")
-        ax.set_ylabel(figure.ylabel if len(metrics) > 1 else f"{figure.ylabel}\n({metrics.pop()})")
+        # Which of the figure's metrics it shows, when it could be one of several and all variants share it.
+        shared_metric = len(figure.metrics) > 1 and len(metrics) == 1
+        ax.set_ylabel(f"{figure.ylabel}\n({metrics.pop()})" if shared_metric else figure.ylabel)
         ax.grid(True, alpha=0.3)
         # Beside the axes, not on them: a sweep has many variants and the curves need the room.
         ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
         fig.tight_layout()
         path = directory / figure.filename
         fig.savefig(path, bbox_inches="tight")
-        plt.close(fig)
         written.append(path)
-    final = _final_reward_figure(plt, variants, colour_of, subtitle, directory)
+    final = _final_reward_figure(variants, colour_of, subtitle, directory)
     return ([final] if final else []) + written  # the summary first: report.md shows them in this order
 
 
@@ -112,7 +115,9 @@ class Curve:
 def _curve(variant: Variant, metrics: tuple[str, ...]) -> Curve | None:
     """A variant's smoothed curve of the first of `metrics` its runs logged; None when they logged none."""
     runs = [run for run in variant.runs if run.steps]  # a run that failed before its first step has no curve
-    metric = next((name for name in metrics if any(run.has(name) for run in runs)), None)
+    logged = sorted({name for run in runs for line in run.metrics for name in line})
+    candidates = [name for pattern in metrics for name in fnmatch.filter(logged, pattern)]
+    metric = next((name for name in candidates if any(run.has(name) for run in runs)), None)
     if metric is None:
         return None
     runs = [run for run in runs if run.has(metric)]
@@ -130,7 +135,7 @@ def _curve(variant: Variant, metrics: tuple[str, ...]) -> Curve | None:
         return Curve(metric, runs, window, steps, np.nanmean(grid, 0), np.nanmin(grid, 0), np.nanmax(grid, 0))
 
 
-def _final_reward_figure(plt, variants, colour_of, subtitle, directory) -> Path | None:
+def _final_reward_figure(variants, colour_of, subtitle, directory) -> Path | None:
     """Final reward per variant, best on top: a dot per seed, the mean as a bar across them, whiskers +/- std.
 
     No bars from zero: the variants of a sweep usually differ by a few hundredths, which bars would flatten.
@@ -142,8 +147,11 @@ def _final_reward_figure(plt, variants, colour_of, subtitle, directory) -> Path 
             rows.append((variant.label, finals, colour_of[variant.label]))
     if not rows:
         return None
+    from matplotlib.figure import Figure as MatplotlibFigure
+
     rows.sort(key=lambda row: np.mean(row[1]))
-    fig, ax = plt.subplots(figsize=(10, max(2.8, 0.45 * len(rows) + 1.8)), dpi=110)
+    fig = MatplotlibFigure(figsize=(10, max(2.8, 0.45 * len(rows) + 1.8)), dpi=110)
+    ax = fig.subplots()
     for position, (label, finals, colour) in enumerate(rows):
         mean = np.mean(finals)
         if len(finals) > 1:
@@ -160,7 +168,6 @@ def _final_reward_figure(plt, variants, colour_of, subtitle, directory) -> Path 
     fig.tight_layout()
     path = directory / "final_reward.png"
     fig.savefig(path, bbox_inches="tight")
-    plt.close(fig)
     return path
 
 
