@@ -18,7 +18,7 @@ from grpo_kit.kinds import KINDS, GenerationConfig, RewardConfig
 
 ENTRY_POINT_GROUP = "grpo_kit"
 
-_HOOK_OF_KIND = {
+REGISTER_HOOK_OF_KIND = {
     "loss": "register_losses",
     "importance_sampling": "register_importance_sampling",
     "rollout_correction": "register_rollout_corrections",
@@ -80,7 +80,7 @@ def plugin_manager(
     try:
         pm.check_pending()
     except pluggy.PluginValidationError as error:
-        raise PluginError(f"{error} (grpo_kit hooks: {', '.join(_HOOK_OF_KIND.values())})") from error
+        raise PluginError(f"{error} (grpo_kit hooks: {', '.join(REGISTER_HOOK_OF_KIND.values())})") from error
     return pm
 
 
@@ -107,7 +107,7 @@ class Registry:
         self.plugin_manager = pm  # the run's pipeline hooks are called through it
         self._plugins: dict[str, dict[str, Plugin]] = {kind: {} for kind in KINDS}
         for kind in KINDS:
-            for hookimpl in getattr(pm.hook, _HOOK_OF_KIND[kind]).get_hookimpls():
+            for hookimpl in getattr(pm.hook, REGISTER_HOOK_OF_KIND[kind]).get_hookimpls():
                 module_name = pm.get_name(hookimpl.plugin)
                 distribution = pm.distributions.get(module_name, f"local module {module_name}")
 

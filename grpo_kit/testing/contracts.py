@@ -38,7 +38,7 @@ from omegaconf import OmegaConf, SCMode
 from grpo_kit.hookspecs import hookimpl
 from grpo_kit.inventory import split_distribution
 from grpo_kit.kinds import KINDS, Completions, LossInputs, Reduction
-from grpo_kit.plugins import Plugin, Registry, plugin_manager
+from grpo_kit.plugins import REGISTER_HOOK_OF_KIND, Plugin, Registry, plugin_manager
 
 __all__ = [
     "AdvantageContract",
@@ -53,17 +53,6 @@ __all__ = [
 ]
 
 TOKEN, SEQUENCE = "token", "sequence"
-
-# The hook a plugin module implements to register plugins of each kind (grpo_kit/hookspecs.py).
-_REGISTER_HOOK = {
-    "loss": "register_losses",
-    "importance_sampling": "register_importance_sampling",
-    "rollout_correction": "register_rollout_corrections",
-    "advantage": "register_advantages",
-    "reward": "register_rewards",
-    "generation": "register_generations",
-    "hook": "register_hooks",
-}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -160,13 +149,13 @@ class PluginContract:
 
 def _registry_of_one(kind: str, name: str, implementation, config) -> Registry:
     """A registry holding only `implementation`, registered through a plugin module as an entry point would be."""
-    if kind not in _REGISTER_HOOK:
+    if kind not in REGISTER_HOOK_OF_KIND:
         raise TypeError(f"Unknown plugin kind {kind!r}: one of {', '.join(KINDS)}.")
 
     def register_one(register):
         register(name, implementation, config)
 
-    module = types.SimpleNamespace(**{_REGISTER_HOOK[kind]: hookimpl(register_one)})
+    module = types.SimpleNamespace(**{REGISTER_HOOK_OF_KIND[kind]: hookimpl(register_one)})
     pm = plugin_manager(autoload=False, local_modules=[], disabled=[])
     pm.register(module, name=f"contract test of {name}")
     return Registry(pm)

@@ -3,7 +3,7 @@
 from pathlib import Path
 
 import torch
-from transformers import Qwen2Config, Qwen2ForCausalLM
+from transformers import Qwen2Config, Qwen2ForCausalLM, Qwen2ForSequenceClassification
 
 from grpo_kit.embedded import build_tokenizer
 
@@ -32,5 +32,28 @@ def build_tiny_model(directory: str | Path, seed: int = 0, chat_template: str | 
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    return directory
+
+
+def build_tiny_reward_model(directory: str | Path, seed: int = 0, chat_template: str | None = None) -> Path:
+    """Save an untrained one-layer Qwen2 sequence classifier (one score per text) and its tokenizer."""
+    directory = Path(directory)
+    tokenizer = build_tokenizer()
+    if chat_template is not None:
+        tokenizer.chat_template = chat_template
+    torch.manual_seed(seed)
+    config = Qwen2Config(
+        vocab_size=len(tokenizer),
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=64,
+        num_labels=1,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    Qwen2ForSequenceClassification(config).save_pretrained(directory)
     tokenizer.save_pretrained(directory)
     return directory

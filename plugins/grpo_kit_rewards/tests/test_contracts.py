@@ -1,10 +1,8 @@
 """Every built-in reward against the conformance kit (grpo_kit.testing.contracts)."""
 
 import pytest
-import torch
-from transformers import Qwen2Config, Qwen2ForSequenceClassification
 
-from grpo_kit.embedded import build_tokenizer
+from grpo_kit.testing import build_tiny_reward_model
 from grpo_kit.testing.contracts import RewardContract, assert_contracts_cover
 
 
@@ -38,23 +36,7 @@ class TestRewardModel(RewardContract):
 
 def tiny_reward_model(directory):
     """A random one-layer sequence classifier with the embedded tokenizer and a chat template it can read."""
-    tokenizer = build_tokenizer()
-    tokenizer.chat_template = "{% for message in messages %}{{ message['content'] }}={% endfor %}"
-    torch.manual_seed(0)
-    config = Qwen2Config(
-        vocab_size=len(tokenizer),
-        hidden_size=16,
-        intermediate_size=32,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        max_position_embeddings=64,
-        num_labels=1,
-        pad_token_id=tokenizer.pad_token_id,
-    )
-    Qwen2ForSequenceClassification(config).save_pretrained(directory)
-    tokenizer.save_pretrained(directory)
-    return directory
+    return build_tiny_reward_model(directory, chat_template="{% for message in messages %}{{ message['content'] }}={% endfor %}")
 
 
 def test_every_reward_is_checked():

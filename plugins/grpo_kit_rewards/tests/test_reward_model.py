@@ -2,10 +2,11 @@
 
 import pytest
 import torch
-from transformers import Qwen2Config, Qwen2ForSequenceClassification
+from transformers import Qwen2ForSequenceClassification
 
 from grpo_kit.embedded import build_tokenizer
 from grpo_kit.scoring import Scorer
+from grpo_kit.testing import build_tiny_reward_model
 from grpo_kit_rewards.configs import RewardModelConfig
 from grpo_kit_rewards.reward_model import RewardModel
 
@@ -15,24 +16,7 @@ CHAT_TEMPLATE = "{% for message in messages %}{{ message['content'] }}={% endfor
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
-    directory = tmp_path_factory.mktemp("reward-model")
-    tokenizer = build_tokenizer()
-    tokenizer.chat_template = CHAT_TEMPLATE
-    torch.manual_seed(0)
-    config = Qwen2Config(
-        vocab_size=len(tokenizer),
-        hidden_size=16,
-        intermediate_size=32,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        max_position_embeddings=64,
-        num_labels=1,
-        pad_token_id=tokenizer.pad_token_id,
-    )
-    Qwen2ForSequenceClassification(config).save_pretrained(directory)
-    tokenizer.save_pretrained(directory)
-    return directory
+    return build_tiny_reward_model(tmp_path_factory.mktemp("reward-model"), chat_template=CHAT_TEMPLATE)
 
 
 def unbatched(model_dir, texts: list[str]) -> list[float]:
