@@ -1,4 +1,4 @@
-"""A tiny random causal LM with the embedded character tokenizer, saved in Hugging Face format."""
+"""Tiny random models with the embedded character tokenizer, saved in Hugging Face format."""
 
 from pathlib import Path
 
@@ -10,35 +10,24 @@ from grpo_kit.embedded import build_tokenizer
 
 def build_tiny_model(directory: str | Path, seed: int = 0, chat_template: str | None = None) -> Path:
     """Save an untrained two-layer Qwen2 (a few thousand parameters) and its tokenizer into `directory`."""
-    directory = Path(directory)
-    tokenizer = build_tokenizer()
-    if chat_template is not None:
-        tokenizer.chat_template = chat_template
-    torch.manual_seed(seed)
-    config = Qwen2Config(
-        vocab_size=len(tokenizer),
-        hidden_size=16,
-        intermediate_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        max_position_embeddings=128,
-        tie_word_embeddings=True,
-        pad_token_id=tokenizer.pad_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        bos_token_id=None,
+    model, tokenizer = _tiny(
+        Qwen2ForCausalLM, seed, chat_template,
+        num_hidden_layers=2, max_position_embeddings=128, tie_word_embeddings=True, bos_token_id=None,
     )
-    model = Qwen2ForCausalLM(config)
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.generation_config.eos_token_id = tokenizer.eos_token_id
-    model.save_pretrained(directory)
-    tokenizer.save_pretrained(directory)
-    return directory
+    return _save(directory, model, tokenizer)
 
 
 def build_tiny_reward_model(directory: str | Path, seed: int = 0, chat_template: str | None = None) -> Path:
     """Save an untrained one-layer Qwen2 sequence classifier (one score per text) and its tokenizer."""
-    directory = Path(directory)
+    model, tokenizer = _tiny(
+        Qwen2ForSequenceClassification, seed, chat_template, num_hidden_layers=1, max_position_embeddings=64, num_labels=1
+    )
+    return _save(directory, model, tokenizer)
+
+
+def _tiny(model_class, seed: int, chat_template: str | None, **architecture):
     tokenizer = build_tokenizer()
     if chat_template is not None:
         tokenizer.chat_template = chat_template
@@ -47,13 +36,17 @@ def build_tiny_reward_model(directory: str | Path, seed: int = 0, chat_template:
         vocab_size=len(tokenizer),
         hidden_size=16,
         intermediate_size=32,
-        num_hidden_layers=1,
         num_attention_heads=2,
         num_key_value_heads=1,
-        max_position_embeddings=64,
-        num_labels=1,
         pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        **architecture,
     )
-    Qwen2ForSequenceClassification(config).save_pretrained(directory)
+    return model_class(config), tokenizer
+
+
+def _save(directory: str | Path, model, tokenizer) -> Path:
+    directory = Path(directory)
+    model.save_pretrained(directory)
     tokenizer.save_pretrained(directory)
     return directory
