@@ -31,3 +31,19 @@ def local_plugin(tmp_path, monkeypatch):
         return name
 
     return write
+
+
+@pytest.fixture
+def digits_registry(local_plugin):
+    """The installed plugins and `digits`, a reward an untrained model can earn: the share of digits it writes."""
+    module = local_plugin("digits_reward", """
+        import grpo_kit
+
+        def digits(prompts, completions, completion_ids, **columns):
+            return [sum(c.isdigit() for c in text) / max(len(text), 1) for text in completions]
+
+        @grpo_kit.hookimpl
+        def register_rewards(register):
+            register("digits", digits)
+    """)
+    return Registry(plugin_manager(local_modules=[module]))

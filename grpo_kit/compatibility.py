@@ -14,6 +14,9 @@ from grpo_kit.plugins import Registry
 log = logging.getLogger(__name__)
 
 
+MIXED_PRECISIONS = ("no", "bf16", "fp16")
+
+
 class ConfigError(ValueError):
     """A setting, or a combination of settings, that cannot run; the message says how to fix it."""
 
@@ -57,6 +60,17 @@ def check_compatibility(cfg: DictConfig, registry: Registry) -> None:
         )
     if algo.num_iterations < 1:
         raise ConfigError(f"algorithm.num_iterations={algo.num_iterations} must be at least 1.")
+    if algo.sync_ref_model and cfg.model.lora.enabled:
+        raise ConfigError(
+            "algorithm.sync_ref_model=true cannot move the reference of a LoRA run, which is the frozen base model "
+            "itself: set algorithm.sync_ref_model=false, or train without LoRA."
+        )
+    if cfg.trainer.mixed_precision not in MIXED_PRECISIONS:
+        raise ConfigError(
+            f"trainer.mixed_precision={cfg.trainer.mixed_precision} is not one of {', '.join(MIXED_PRECISIONS)}."
+        )
+    if cfg.eval.num_generations is not None and cfg.eval.num_generations < 1:
+        raise ConfigError(f"eval.num_generations={cfg.eval.num_generations} must be at least 1 (or null: as training).")
 
 
 def _corrections_of_level(registry: Registry, levels) -> list[str]:

@@ -37,11 +37,30 @@ SINGLE_CHOICE_KINDS = [kind for kind in KINDS if kind not in MULTI_CHOICE_KINDS]
 
 
 @dataclass
+class LoraConfig:
+    """PEFT LoRA (Hu et al. 2021, https://arxiv.org/abs/2106.09685): train low-rank updates of the weights only.
+
+    With LoRA the reference model of the KL term is the frozen base model itself (the adapters turned off), so no
+    copy of the model is kept.
+    """
+
+    enabled: bool = False
+    r: int = 16
+    alpha: int = 32
+    dropout: float = 0.05
+    target_modules: Any = "all-linear"  # module names, or PEFT's "all-linear": every linear layer but the head
+
+
+@dataclass
 class ModelConfig:
     name_or_path: str | None = None  # a hub id or a local folder; None builds the embedded tiny model
-    # A dict for from_pretrained: model.model_init_kwargs={torch_dtype:bfloat16}. `Any`, not `dict`: Hydra
+    # A dict for from_pretrained: model.model_init_kwargs={dtype:bfloat16}. `Any`, not `dict`: Hydra
     # rejects new keys in a typed dict, and these keys are free.
     model_init_kwargs: Any = None
+    disable_dropout: bool = False  # every dropout off: the same input then always gets the same log-probs
+    cast_lm_head_to_fp32: bool = False  # ScaleRL (arXiv 2510.13786): logits in float32; untied heads only
+    gradient_checkpointing: bool = False  # recompute activations in the backward pass: less memory, more time
+    lora: LoraConfig = field(default_factory=LoraConfig)
 
 
 @dataclass
@@ -83,6 +102,8 @@ class TrainerConfig:
     adam_beta2: float = 0.999
     adam_epsilon: float = 1e-8
     max_grad_norm: float = 1.0
+    mixed_precision: str = "no"  # no, bf16 (CPU too) or fp16 (GPU): accelerate's autocast around the forward passes
+    report_to: list[str] = field(default_factory=list)  # experiment trackers: tensorboard, wandb (offline), trackio
     logging_steps: int = 1
     progress_bar: bool = True
     save_model: bool = True  # save_pretrained into the run directory at the end
@@ -95,6 +116,22 @@ class TrainerConfig:
     reward_workers: int | None = None  # processes for CPU-heavy rewards (math verifiers); None: up to 8
     sample_every: int = 50  # steps between sample tables (samples.jsonl, samples.html); 0: none
     sample_rows: int = 16  # completions per sample table
+
+
+@dataclass
+class EvalConfig:
+    """Held-out prompts, generated for and scored like training prompts, with their metrics logged under eval/.
+
+    Evaluation is on when an eval set is named: a file or hub dataset (`path`), or a split of the training hub
+    dataset (`split`). The embedded task's eval set (any `split`) is every one of its 100 sums once.
+    """
+
+    path: str | None = None  # a json/jsonl/parquet/csv file or a hub dataset of eval prompts
+    split: str | None = None  # the split of `path`, or of data.path when `path` is not given
+    steps: int = 0  # evaluate every this many steps, and always at the end (0: only at the end)
+    num_examples: int = 128  # prompts evaluated: the first ones of the eval set
+    num_generations: int | None = None  # completions per eval prompt (TRL's num_generations_eval); None: as training
+    batch_size: int = 32  # prompts per generate call
 
 
 @dataclass
@@ -111,6 +148,7 @@ class RunConfig:
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     rollouts: RolloutsConfig = field(default_factory=RolloutsConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
     # One node per plugin kind, filled by the group choices (`+loss=dapo`, `advantage=rloo`, ...).
     loss: Any = None
     importance_sampling: Any = None

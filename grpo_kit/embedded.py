@@ -44,6 +44,11 @@ def build_task(num_examples: int, seed: int = TASK_SEED) -> list[dict]:
     return rows
 
 
+def every_problem() -> list[dict]:
+    """Each of the task's prompts once: the embedded task's eval set."""
+    return [{"prompt": f"{a}+{b}=", "solution": str(a + b)} for a in OPERANDS for b in OPERANDS]
+
+
 def model_path() -> Path:
     """The embedded model's folder (save_pretrained format), built on first use."""
     cache = Path(os.environ.get("GRPO_KIT_CACHE", Path.home() / ".cache" / "grpo_kit"))

@@ -52,9 +52,10 @@ class Rollout:
             )
         return replaced
 
-    def score(self, rows: list[dict]) -> ScoredBatch:
-        """Generate num_generations completions for each row's prompt and score them."""
-        rows = [row for row in rows for _ in range(self.num_generations)]  # each group's members are adjacent
+    def score(self, rows: list[dict], num_generations: int | None = None) -> ScoredBatch:
+        """Generate `num_generations` (by default the run's) completions for each row's prompt and score them."""
+        num_generations = num_generations or self.num_generations
+        rows = [row for row in rows for _ in range(num_generations)]  # each group's members are adjacent
         prompts = [row["prompt"] for row in rows]
         prompt_ids = [self.tokenizer(prompt_text(self.tokenizer, p), add_special_tokens=False).input_ids for p in prompts]
         generated = self.generation.generate(prompt_ids, with_logprobs=self.with_logprobs)
@@ -74,7 +75,7 @@ class Rollout:
             generated=generated,
             rewards_per_func=rewards_per_func,
             rewards=weighted_rewards(rewards_per_func, self.reward_weights),
-            num_generations=self.num_generations,
+            num_generations=num_generations,
             metrics=metrics,
         )
 

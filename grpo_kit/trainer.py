@@ -11,12 +11,14 @@ import math
 import signal
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from accelerate import Accelerator
-from accelerate.utils import set_seed
+from accelerate.state import AcceleratorState
+from accelerate.utils import ProjectConfiguration, set_seed
 from omegaconf import DictConfig, OmegaConf
 from transformers import get_scheduler
 
@@ -24,8 +26,10 @@ from grpo_kit.checkpoint import check_resumable, find_checkpoint, load_checkpoin
 from grpo_kit.checks import check_model_path, check_prompt_lengths, check_reward_columns
 from grpo_kit.config import complete, options
 from grpo_kit.data import PromptSampler, load_prompts
+from grpo_kit.evaluation import Evaluator, load_eval_prompts
 from grpo_kit.lock import write_or_compare
 from grpo_kit.loggers import ConsoleLogger, JsonlLogger
+from grpo_kit.lora import AdapterFreeReference, has_adapters
 from grpo_kit.modeling import load_model, load_reference_model, mix_into_reference, per_token_logps_and_entropies
 from grpo_kit.objective import Objective, build_objective
 from grpo_kit.pipeline import Run
@@ -34,6 +38,7 @@ from grpo_kit.plugins import PluginError, Registry
 from grpo_kit.rollout import Rollout
 from grpo_kit.samples import SampleLog
 from grpo_kit.scoring import Scorer
+from grpo_kit.trackers import TrackerLogger, check_trackers
 
 log = logging.getLogger(__name__)
 
@@ -81,7 +86,16 @@ def train(cfg: DictConfig, run_dir: str | Path, registry: Registry | None = None
     t, algo = cfg.trainer, cfg.algorithm
     num_generations = cfg.generation.num_generations
     steps_per_generation = algo.steps_per_generation or t.gradient_accumulation_steps
-    accelerator = Accelerator(gradient_accumulation_steps=t.gradient_accumulation_steps)
+    # accelerate keeps its settings per process; an earlier run in this process (a sweep run by the basic
+    # launcher, a notebook) may have chosen another precision. The process group itself (PartialState) is kept.
+    AcceleratorState._reset_state()
+    trackers = check_trackers(list(t.report_to))
+    accelerator = Accelerator(
+        gradient_accumulation_steps=t.gradient_accumulation_steps,
+        mixed_precision=t.mixed_precision,
+        log_with=trackers or None,
+        project_config=ProjectConfiguration(project_dir=str(run_dir), logging_dir=str(run_dir / "trackers")),
+    )
     generation_batch_size = t.per_device_train_batch_size * steps_per_generation  # completions, this process
     if generation_batch_size * accelerator.num_processes % num_generations:
         raise ValueError(
@@ -97,18 +111,22 @@ def train(cfg: DictConfig, run_dir: str | Path, registry: Registry | None = None
 
     check_model_path(cfg.model.name_or_path)
     prompts = load_prompts(cfg.data)
-    check_reward_columns(rewards, prompts)
+    eval_prompts = load_eval_prompts(cfg.eval, cfg.data)
+    for dataset in [prompts] if eval_prompts is None else [prompts, eval_prompts]:
+        check_reward_columns(rewards, dataset)
     model, tokenizer = load_model(cfg.model)
-    check_prompt_lengths(
-        prompts, tokenizer, cfg.generation.max_completion_length,
-        getattr(model.config, "max_position_embeddings", None),
-    )
-    reference = load_reference_model(model) if algo.beta != 0.0 else None
+    for dataset in [prompts] if eval_prompts is None else [prompts, eval_prompts]:
+        check_prompt_lengths(
+            dataset, tokenizer, cfg.generation.max_completion_length,
+            getattr(model.config, "max_position_embeddings", None),
+        )
+    # With LoRA the reference is the base model under the adapters (below); otherwise a frozen copy of the policy.
+    reference = load_reference_model(model) if algo.beta != 0.0 and not has_adapters(model) else None
     sampler = PromptSampler(
         prompts, cfg.seed, cfg.data.shuffle, accelerator.process_index, accelerator.num_processes
     )
     optimizer = torch.optim.AdamW(
-        model.parameters(),
+        [parameter for parameter in model.parameters() if parameter.requires_grad],
         lr=t.learning_rate,
         betas=(t.adam_beta1, t.adam_beta2),
         eps=t.adam_epsilon,
@@ -132,17 +150,20 @@ def train(cfg: DictConfig, run_dir: str | Path, registry: Registry | None = None
         log.info("Resuming from %s (step %d)", checkpoint, resumed["step"])
     if reference is not None:
         reference = reference.to(accelerator.device)
+    elif algo.beta != 0.0:
+        reference = AdapterFreeReference(accelerator.unwrap_model(model))
     generation.start(model, tokenizer, accelerator)
     references = ReferenceQuantities(
         objective,
         reference,
+        accelerator.autocast,
         temperature=cfg.generation.temperature,
         # Old log-probs are needed once the policy may have moved since the batch was generated.
         off_policy=t.gradient_accumulation_steps % (steps_per_generation * algo.num_iterations) != 0,
     )
 
     pm = registry.plugin_manager
-    run_plugins = [JsonlLogger(), ConsoleLogger(), *hook_plugins]
+    run_plugins = [JsonlLogger(), ConsoleLogger(), *([TrackerLogger()] if trackers else []), *hook_plugins]
     for plugin in run_plugins:
         pm.register(plugin)
     hooks = pm.hook
@@ -161,6 +182,9 @@ def train(cfg: DictConfig, run_dir: str | Path, registry: Registry | None = None
         replay=replay,
         recorder=RolloutRecorder(run_dir) if cfg.rollouts.save else None,
     )
+    evaluator = None
+    if eval_prompts is not None:
+        evaluator = Evaluator(eval_prompts, rollout, cfg.eval, cfg.seed, t.max_steps, accelerator)
     samples = None
     if t.sample_every > 0 and accelerator.is_main_process:
         samples = SampleLog(run_dir, every=t.sample_every, max_rows=t.sample_rows)
@@ -232,10 +256,14 @@ def train(cfg: DictConfig, run_dir: str | Path, registry: Registry | None = None
                 window["grad_norm"].append(float(grad_norm))
             window["seconds_per_step"].append(time.perf_counter() - started)
             hooks.on_step_end(run=run, step=step, metrics={name: values[-1] for name, values in window.items()})
-            if step % t.logging_steps == 0 or step == t.max_steps:
+            evaluated = {}
+            if evaluator is not None and evaluator.due(step):
+                model.eval()
+                evaluated = evaluator(step)
+            if step % t.logging_steps == 0 or step == t.max_steps or evaluated:
                 logged = summarise(window, step, t.gradient_accumulation_steps, scheduler.get_last_lr()[0])
                 window.clear()
-                hooks.on_log(run=run, step=step, metrics=logged)
+                hooks.on_log(run=run, step=step, metrics=logged | evaluated)
             if (t.save_steps and step % t.save_steps == 0) or step == t.max_steps or stop.requested:
                 state = {
                     "model": accelerator.unwrap_model(model).state_dict(),
@@ -294,7 +322,8 @@ class ReferenceQuantities:
     """What a micro-batch needs besides its own forward pass: old, reference and rollout-correction terms."""
 
     objective: Objective
-    reference: torch.nn.Module | None  # the frozen reference model, when algorithm.beta > 0
+    reference: Callable | None  # the frozen reference model, when algorithm.beta > 0
+    autocast: Callable  # the mixed-precision context the policy's forward passes run in
     temperature: float
     off_policy: bool
 
@@ -313,9 +342,10 @@ class ReferenceQuantities:
                 micro_batch["old_per_token_logps"], sampling, micro_batch["completion_mask"]
             )
         if self.reference is not None:
-            micro_batch["ref_per_token_logps"], _ = per_token_logps_and_entropies(
-                self.reference, micro_batch, self.temperature
-            )
+            with self.autocast():
+                micro_batch["ref_per_token_logps"], _ = per_token_logps_and_entropies(
+                    self.reference, micro_batch, self.temperature
+                )
 
 
 @torch.no_grad()

@@ -8,7 +8,6 @@ from transformers import AutoModelForCausalLM
 
 import grpo_kit
 from grpo_kit.plugins import Registry, plugin_manager
-from grpo_kit.plugins import Registry, plugin_manager
 
 REQUIRED_METRICS = {
     "step",
@@ -26,19 +25,8 @@ REQUIRED_METRICS = {
 
 
 @pytest.fixture
-def registry(local_plugin):
-    """The installed plugins and `digits`, a reward an untrained model can earn: the share of digits it writes."""
-    module = local_plugin("digits_reward", """
-        import grpo_kit
-
-        def digits(prompts, completions, completion_ids, **columns):
-            return [sum(c.isdigit() for c in text) / max(len(text), 1) for text in completions]
-
-        @grpo_kit.hookimpl
-        def register_rewards(register):
-            register("digits", digits)
-    """)
-    return Registry(plugin_manager(local_modules=[module]))
+def registry(digits_registry):
+    return digits_registry
 
 
 def tiny_run(tiny_model, *extra):

@@ -1,25 +1,24 @@
-"""write_report: a sweep directory in, report.md + runs.csv + variants.csv + PNG figures out, beside the runs."""
+"""write_report: a sweep directory in, report.md + runs.csv + variants.csv (+ paired.csv) + PNG figures out."""
 
 import logging
 from pathlib import Path
 
-from grpo_kit.report import markdown, tables
+from grpo_kit.report import markdown, paired, tables
 from grpo_kit.report.collect import find_runs
+from grpo_kit.report.errors import ReportError
 
 log = logging.getLogger(__name__)
 
 INSTALL_HINT = "pip install 'grpo-kit[sweeps]' (or pip install matplotlib)"
 
 
-class ReportError(ValueError):
-    """A directory the report cannot be made of; the message says what to give instead."""
-
-
-def write_report(sweep_dir: Path, plots: bool = True) -> list[Path]:
+def write_report(sweep_dir: Path, plots: bool = True, baseline: str | None = None) -> list[Path]:
     """Write the sweep's report into `sweep_dir` and return the files written, report.md first.
 
     `sweep_dir` is a Hydra multirun directory (its runs in subfolders 0/, 1/, ...) or a single run's directory.
-    Without matplotlib the tables are still written and report.md says how to get the figures.
+    Without matplotlib the tables are still written and report.md says how to get the figures. When runs trained
+    on frozen rollouts (rollouts.replay), the other variants are compared with `baseline` (a variant's label or
+    overrides only it has; by default the first label in sorted order) step by step: paired.csv and figures.
     """
     sweep_dir = Path(sweep_dir)
     runs = find_runs(sweep_dir)
@@ -31,12 +30,15 @@ def write_report(sweep_dir: Path, plots: bool = True) -> list[Path]:
     variants, shared = tables.group_variants(runs)
     run_rows = tables.run_rows(runs, variants)
     variant_rows = tables.variant_rows(variants)
+    comparison = paired.compare(variants, baseline)  # before any file is written: a bad --baseline writes nothing
     written = [
         tables.write_csv(sweep_dir / "runs.csv", run_rows, tables.RUN_COLUMNS),
         tables.write_csv(sweep_dir / "variants.csv", variant_rows, tables.VARIANT_COLUMNS),
     ]
+    if comparison is not None:
+        written.append(tables.write_csv(sweep_dir / "paired.csv", comparison.rows(), paired.COLUMNS))
 
-    figures, notes = [], []
+    figures, paired_figures, notes = [], [], []
     if plots:
         try:
             import matplotlib  # noqa: F401  only the figures need it, and it is an optional dependency
@@ -47,11 +49,18 @@ def write_report(sweep_dir: Path, plots: bool = True) -> list[Path]:
             from grpo_kit.report.plots import write_plots
 
             figures = write_plots(variants, sweep_dir, subtitle=sweep_name(sweep_dir))
+            if comparison is not None:
+                from grpo_kit.report.paired_plots import write_paired_plots
+
+                paired_figures = write_paired_plots(comparison, variants, sweep_dir, subtitle=sweep_name(sweep_dir))
 
     report = sweep_dir / "report.md"
-    text = markdown.render(sweep_dir, sweep_name(sweep_dir), variants, shared, run_rows, variant_rows, figures, notes)
+    text = markdown.render(
+        sweep_dir, sweep_name(sweep_dir), variants, shared, run_rows, variant_rows, figures, notes,
+        comparison, paired_figures,
+    )
     report.write_text(text)
-    return [report, *written, *figures]
+    return [report, *written, *figures, *paired_figures]
 
 
 def sweep_name(sweep_dir: Path) -> str:

@@ -7,21 +7,29 @@ from pathlib import Path
 DESCRIPTION = (
     "Write report.md, runs.csv, variants.csv and PNG figures into a sweep's directory (multirun/DATE/TIME) or a "
     "run's directory: final and best reward, wall time and throughput per run and per variant (runs that differ "
-    "only by seed), and the reward, length, KL, entropy and clipping curves. Sweeps write it themselves at the end; "
-    "run this for a sweep that was stopped, or is still going."
+    "only by seed), and the reward, length, KL, entropy and clipping curves; for runs on frozen rollouts "
+    "(rollouts.replay), paired.csv and figures of each variant's differences from a baseline, step by step. Sweeps "
+    "write it themselves at the end; run this for a sweep that was stopped, or is still going, or for another "
+    "baseline."
 )
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("directory", type=Path, metavar="DIR", help="the sweep's (or one run's) directory")
     parser.add_argument("--no-plots", action="store_true", help="tables and report.md only, no PNG figures")
+    parser.add_argument(
+        "--baseline",
+        metavar="VARIANT",
+        help="the variant that runs on frozen rollouts are compared with: its label, or overrides only it has "
+        "(e.g. 'loss=grpo'); by default the first label in sorted order",
+    )
 
 
 def report_command(args: argparse.Namespace) -> int:
     from grpo_kit.report.build import ReportError, write_report
 
     try:
-        written = write_report(args.directory, plots=not args.no_plots)
+        written = write_report(args.directory, plots=not args.no_plots, baseline=args.baseline)
     except (ReportError, FileNotFoundError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 1

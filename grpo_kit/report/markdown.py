@@ -5,6 +5,7 @@ from pathlib import Path
 
 import yaml
 
+from grpo_kit.report.paired import PairedComparison, figure_name
 from grpo_kit.report.tables import Variant
 
 FIGURE_TITLES = {
@@ -26,6 +27,8 @@ def render(
     variant_rows: list[dict],
     figures: list[Path],
     notes: list[str],
+    paired: PairedComparison | None,
+    paired_figures: list[Path],
 ) -> str:
     statuses = [row["status"] for row in run_rows]
     counts = ", ".join(f"{statuses.count(s)} {s}" for s in ("ok", "failed", "incomplete") if statuses.count(s))
@@ -66,6 +69,9 @@ def render(
         for path in figures:
             lines += ["", f"![{FIGURE_TITLES.get(path.name, path.stem)}]({path.name})"]
 
+    if paired is not None:
+        lines += _paired_section(paired, paired_figures)
+
     lines += [
         "",
         "## Runs",
@@ -95,6 +101,49 @@ def render(
     return "\n".join(lines) + "\n"
 
 
+def _paired_section(paired: PairedComparison, figures: list[Path]) -> list[str]:
+    replays = ", ".join(f"`{replay}`" for replay in paired.replays)
+    lines = [
+        "",
+        f"## Paired differences vs {_cell(paired.baseline)} (frozen rollouts)",
+        "",
+        (
+            f"These runs trained on the frozen rollouts of {replays} (rollouts.replay), so at each step a variant and "
+            "the baseline with the same seed saw the same prompts, completions and rewards: the difference of their "
+            "metrics is the objective's alone. A cell: the per-step difference variant − baseline averaged over the "
+            "steps (or over their last quarter), then mean ± std over the seeds both ran. Per step: paired.csv."
+        ),
+        "",
+    ]
+    if paired.reward_mismatches:
+        lines += [
+            "> **Reward differs under replay**: these pairs did not see the same rollouts, so their differences are "
+            "not the objective's alone (another rollouts.replay directory, other batch settings, a hook that "
+            "resamples groups?)",
+            *[f"> - {mismatch}" for mismatch in paired.reward_mismatches],
+        ]
+    elif paired.differences:
+        lines.append("Reward is the same as the baseline's at every paired step, as frozen rollouts make it.")
+    if paired.unpaired:
+        unpaired = ", ".join(_cell(label) for label in paired.unpaired)
+        lines += ["", f"Not compared, no seed on the baseline's rollouts: {unpaired}."]
+    if paired.differences:
+        lines += [
+            "",
+            "| variant | metric | all steps | last quarter | seeds |",
+            "|---|---|---|---|---|",
+        ]
+        for difference in paired.differences:
+            lines.append(
+                f"| {_cell(difference.variant)} | {difference.metric} | {_signed(*difference.averaged())} "
+                f"| {_signed(*difference.averaged(last_quarter=True))} | {len(difference.by_pair)} |"
+            )
+    metric_of = {figure_name(metric): metric for metric in paired.metrics}
+    for path in figures:
+        lines += ["", f"![{metric_of[path.name]}: difference vs the baseline]({path.name})"]
+    return lines
+
+
 def _optuna_result(sweep_dir: Path) -> list[str]:
     """The Optuna sweeper's verdict, when this sweep was a search (it writes optimization_results.yaml)."""
     path = sweep_dir / "optimization_results.yaml"
@@ -111,6 +160,11 @@ def _pm(mean: float, std: float, spec: str) -> str:
     if mean is None or math.isnan(mean):
         return "–"
     return f"{mean:{spec}}" if std is None or math.isnan(std) else f"{mean:{spec}} ± {std:{spec}}"
+
+
+def _signed(mean: float, std: float) -> str:
+    """A difference with its sign; `.3g` because differences under replay can be a few thousandths or less."""
+    return f"{mean:+.3g}" if math.isnan(std) else f"{mean:+.3g} ± {std:.2g}"
 
 
 def _number(value, spec: str) -> str:

@@ -65,7 +65,7 @@ def write_plots(variants: list[Variant], directory: Path, subtitle: str = "") ->
 
     written = []
     # One colour per variant, the same in every figure.
-    colour_of = dict(zip((variant.label for variant in variants), _colours(len(variants))))
+    colour_of = dict(zip((variant.label for variant in variants), colours(len(variants))))
     for figure in FIGURES:
         curves = [(variant, colour_of[variant.label], _curve(variant, figure.metrics)) for variant in variants]
         curves = [(variant, colour, curve) for variant, colour, curve in curves if curve is not None]
@@ -84,7 +84,7 @@ def write_plots(variants: list[Variant], directory: Path, subtitle: str = "") ->
                 ax.fill_between(curve.steps, curve.low, curve.high, color=colour, alpha=0.18, linewidth=0)
             ax.plot(curve.steps, curve.mean, color=colour, linewidth=1.8, label=label)
         smoothing = "/".join(str(window) for window in sorted(windows))
-        _titles(fig, ax, figure.title, subtitle, f"lines: mean over seeds; bands: min-max over seeds; "
+        titles(fig, ax, figure.title, subtitle, f"lines: mean over seeds; bands: min-max over seeds; "
                 f"moving average over {smoothing} steps of the raw per-step values")
         ax.set_xlabel("optimizer step")
         # Which of the figure's metrics it shows, when it could be one of several and all variants share it.
@@ -163,7 +163,7 @@ def _final_reward_figure(variants, colour_of, subtitle, directory) -> Path | Non
     ax.set_yticks(range(len(rows)), [label for label, _, _ in rows], fontsize=8)
     ax.set_ylim(-0.7, len(rows) - 0.3)
     ax.set_xlabel("final reward (mean reward of the last tenth of the logged steps)")
-    _titles(fig, ax, "Final reward per variant", subtitle, "dots: seeds; black bar: their mean; whiskers: +/- std")
+    titles(fig, ax, "Final reward per variant", subtitle, "dots: seeds; black bar: their mean; whiskers: +/- std")
     ax.grid(True, axis="x", alpha=0.3)
     fig.tight_layout()
     path = directory / "final_reward.png"
@@ -171,13 +171,13 @@ def _final_reward_figure(variants, colour_of, subtitle, directory) -> Path | Non
     return path
 
 
-def _titles(fig, ax, title: str, subtitle: str, how_to_read: str) -> None:
+def titles(fig, ax, title: str, subtitle: str, how_to_read: str) -> None:
     """The figure's title (with the sweep it comes from), and under it a line on how to read it."""
     fig.suptitle(f"{title}  ({subtitle})" if subtitle else title, fontsize=12, x=0.01, ha="left")
     ax.set_title(how_to_read, fontsize=8, color="0.35", loc="left")
 
 
-def _colours(count: int) -> list:
+def colours(count: int) -> list:
     """Distinct colours: tab10 up to ten variants, tab20 up to twenty, then a continuous map."""
     import matplotlib
 

@@ -8,12 +8,13 @@ from transformers import Qwen2Config, Qwen2ForCausalLM, Qwen2ForSequenceClassifi
 from grpo_kit.embedded import build_tokenizer
 
 
-def build_tiny_model(directory: str | Path, seed: int = 0, chat_template: str | None = None) -> Path:
-    """Save an untrained two-layer Qwen2 (a few thousand parameters) and its tokenizer into `directory`."""
-    model, tokenizer = _tiny(
-        Qwen2ForCausalLM, seed, chat_template,
-        num_hidden_layers=2, max_position_embeddings=128, tie_word_embeddings=True, bos_token_id=None,
-    )
+def build_tiny_model(directory: str | Path, seed: int = 0, chat_template: str | None = None, **config) -> Path:
+    """Save an untrained two-layer Qwen2 (a few thousand parameters) and its tokenizer into `directory`.
+
+    `config` overrides Qwen2Config fields: `tie_word_embeddings=False`, `attention_dropout=0.1`, ...
+    """
+    architecture = dict(num_hidden_layers=2, max_position_embeddings=128, tie_word_embeddings=True, bos_token_id=None)
+    model, tokenizer = _tiny(Qwen2ForCausalLM, seed, chat_template, **(architecture | config))
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     return _save(directory, model, tokenizer)

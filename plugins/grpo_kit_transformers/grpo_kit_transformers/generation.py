@@ -1,6 +1,8 @@
 """transformers: completions from the policy itself with `model.generate` (KV cache), in the training process.
 
-Nothing has to be pushed after an optimizer step: the generator samples from the very weights being trained.
+Nothing has to be pushed after an optimizer step: the generator samples from the very weights being trained. A
+LoRA policy may instead generate from a merged copy (`generation.merge_lora=true`), whose weights are refreshed
+after every optimizer step: generation then costs what the plain model costs, for one more copy in memory.
 """
 
 import copy
@@ -11,12 +13,14 @@ import torch
 import transformers
 
 from grpo_kit import Completions, GenerationConfig
+from grpo_kit.lora import has_adapters, merged_copy, refresh_merged_copy
 
 
 @dataclass
 class TransformersGenerationConfig(GenerationConfig):
     cache_implementation: str | None = None  # e.g. "static"; None: transformers' dynamic KV cache
     generation_kwargs: Any = None  # a dict of any other GenerationConfig fields, applied last
+    merge_lora: bool = False  # generate from a copy with the LoRA adapters merged into the weights
 
 
 class TransformersGeneration:
@@ -25,6 +29,12 @@ class TransformersGeneration:
 
     def start(self, model, tokenizer, accelerator):
         self.model, self.tokenizer, self.accelerator = model, tokenizer, accelerator
+        self.merged = None
+        if self.config.merge_lora:
+            unwrapped = accelerator.unwrap_model(model)
+            if not has_adapters(unwrapped):
+                raise ValueError("generation.merge_lora=true merges LoRA adapters: turn on model.lora.enabled=true.")
+            self.merged = merged_copy(unwrapped)
         self.generation_config = transformers.GenerationConfig(
             max_new_tokens=self.config.max_completion_length,
             do_sample=True,
@@ -49,7 +59,7 @@ class TransformersGeneration:
     def generate(self, prompt_ids, with_logprobs=False):
         prompts = self.tokenizer.pad({"input_ids": prompt_ids}, padding_side="left", return_tensors="pt")
         prompts = prompts.to(self.accelerator.device)
-        model = self.accelerator.unwrap_model(self.model)
+        model = self.merged or self.accelerator.unwrap_model(self.model)
         config = self.generation_config_with_scores if with_logprobs else self.generation_config
         out = model.generate(**prompts, generation_config=config)
         completion_ids = out.sequences[:, prompts["input_ids"].shape[1] :]  # (N, T)
@@ -68,7 +78,8 @@ class TransformersGeneration:
         return Completions(completion_ids, completion_mask, ~has_eos, sampling_per_token_logps=sampling_logps)
 
     def update_weights(self, model):
-        pass  # generation reads the trained model directly
+        if self.merged is not None:  # otherwise generation reads the trained model directly
+            refresh_merged_copy(self.accelerator.unwrap_model(model), self.merged)
 
     def close(self):
         pass

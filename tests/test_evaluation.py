@@ -1,0 +1,106 @@
+"""Evaluation on held-out prompts: when it runs, what it logs, and that it leaves training untouched."""
+
+import importlib
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+import grpo_kit
+from grpo_kit.embedded import every_problem
+from grpo_kit.plugins import Registry, plugin_manager
+
+
+def run(tiny_model, *extra):
+    return [
+        "+reward=accuracy",
+        f"model.name_or_path={tiny_model}",
+        "data.num_examples=64",
+        "generation.num_generations=4",
+        "trainer.per_device_train_batch_size=8",
+        "trainer.max_steps=4",
+        "trainer.learning_rate=1e-2",
+        "trainer.progress_bar=false",
+        *extra,
+    ]
+
+
+def logged(run_dir):
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.fixture
+def eval_file(tmp_path):
+    path = tmp_path / "eval.jsonl"
+    path.write_text("".join(json.dumps({"prompt": f"{a}+1=", "solution": str(a + 1)}) + "\n" for a in range(6)))
+    return path
+
+
+def test_eval_metrics_are_logged_every_eval_steps_and_at_the_end(registry, tiny_model, tmp_path, eval_file):
+    cfg = grpo_kit.compose(run(tiny_model, f"eval.path={eval_file}", "eval.steps=3", "trainer.max_steps=4"), registry)
+    grpo_kit.train(cfg, tmp_path / "run", registry)
+    lines = logged(tmp_path / "run")
+    evaluated = [line["step"] for line in lines if "eval/reward" in line]
+    assert evaluated == [3, 4]
+    last = lines[-1]
+    assert 0.0 <= last["eval/reward"] <= 1.0
+    assert last["eval/rewards/accuracy/mean"] == last["eval/reward"]
+    assert {"eval/reward_std", "eval/completions/mean_length", "eval/completions/clipped_ratio"} <= set(last)
+
+
+def test_evaluating_does_not_change_what_is_trained(registry, tiny_model, tmp_path, eval_file):
+    for name, extra in [("plain", []), ("evaluated", [f"eval.path={eval_file}", "eval.steps=1"])]:
+        grpo_kit.train(grpo_kit.compose(run(tiny_model, *extra), registry), tmp_path / name, registry)
+    plain = load_file(tmp_path / "plain" / "model" / "model.safetensors")
+    evaluated = load_file(tmp_path / "evaluated" / "model" / "model.safetensors")
+    assert plain.keys() == evaluated.keys()
+    assert all(torch.equal(plain[name], evaluated[name]) for name in plain)
+    assert [line["reward"] for line in logged(tmp_path / "plain")] == [
+        line["reward"] for line in logged(tmp_path / "evaluated")
+    ]
+
+
+def test_eval_generations_and_batch_size_are_its_own(local_plugin, tiny_model, tmp_path, eval_file):
+    module = local_plugin("batch_sizes_reward", """
+        import grpo_kit
+
+        SIZES = []
+
+        def batch_sizes(prompts, completions, completion_ids, **columns):
+            SIZES.append(len(completions))
+            return [0.0] * len(completions)
+
+        @grpo_kit.hookimpl
+        def register_rewards(register):
+            register("batch_sizes", batch_sizes)
+    """)
+    registry = Registry(plugin_manager(local_modules=[module]))
+    overrides = run(tiny_model, f"eval.path={eval_file}", "eval.num_examples=5", "eval.num_generations=3",
+                    "eval.batch_size=2", "trainer.max_steps=1")
+    overrides[0] = "+reward=batch_sizes"
+    grpo_kit.train(grpo_kit.compose(overrides, registry), tmp_path / "run", registry)
+    sizes = importlib.import_module(module).SIZES
+    assert sizes == [8, 2 * 3, 2 * 3, 1 * 3]  # one training batch, then 5 eval prompts in batches of 2, 3 each
+
+
+def test_the_embedded_eval_set_is_every_sum_once():
+    prompts = [row["prompt"] for row in every_problem()]
+    assert len(prompts) == len(set(prompts)) == 100
+    assert {"prompt": "3+4=", "solution": "7"} in every_problem()
+
+
+def test_eval_split_of_a_data_file_is_refused_before_training(registry, tiny_model, tmp_path, eval_file):
+    cfg = grpo_kit.compose(run(tiny_model, f"data.path={eval_file}", "eval.split=test"), registry)
+    with pytest.raises(ValueError, match="eval.path=FILE"):
+        grpo_kit.train(cfg, tmp_path / "run", registry)
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()
+
+
+def test_an_eval_set_without_a_reward_column_is_refused_before_training(registry, tiny_model, tmp_path):
+    eval_file = tmp_path / "eval.jsonl"
+    eval_file.write_text(json.dumps({"prompt": "1+1="}) + "\n")
+    cfg = grpo_kit.compose(run(tiny_model, f"eval.path={eval_file}"), registry)
+    with pytest.raises(ValueError, match="solution"):
+        grpo_kit.train(cfg, tmp_path / "run", registry)
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()

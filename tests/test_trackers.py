@@ -1,0 +1,95 @@
+"""The trackers through accelerate: a real tensorboard run written by the hooks and read back, and the errors."""
+
+import importlib.util
+import math
+import os
+
+import pytest
+from accelerate import Accelerator
+from accelerate.state import AcceleratorState, GradientState
+from omegaconf import OmegaConf
+
+from grpo_kit.compatibility import ConfigError
+from grpo_kit.pipeline import Run
+from grpo_kit.trackers import PROJECT, TrackerLogger, check_trackers, flat_config
+
+CONFIG = {
+    "seed": 3,
+    "trainer": {"learning_rate": 1e-3, "max_steps": 2, "report_to": ["tensorboard"]},
+    "rollouts": {"replay": None},
+    "hook": {},
+}
+LOGGED = [  # what the trainer's on_log hands the loggers, a NaN included
+    {"step": 1, "reward": 0.25, "loss": 0.5, "kl": math.nan},
+    {"step": 2, "reward": 0.75, "loss": 0.125, "kl": 0.01},
+]
+
+
+@pytest.fixture
+def fresh_accelerate_state():
+    """Accelerate keeps its state in process-wide singletons: each test gets its own, as a run would."""
+    AcceleratorState._reset_state(True)
+    GradientState._reset_state()
+    yield
+    AcceleratorState._reset_state(True)
+    GradientState._reset_state()
+
+
+def test_tensorboard_receives_the_logged_metrics(tmp_path, fresh_accelerate_state):
+    event_accumulator = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")
+    accelerator = Accelerator(cpu=True, log_with=check_trackers(["tensorboard"]), project_dir=tmp_path)
+    run = Run(OmegaConf.create(CONFIG), tmp_path, accelerator, model=None, tokenizer=None, max_steps=2)
+    logger = TrackerLogger()
+    logger.on_train_start(run=run)
+    for metrics in LOGGED:
+        logger.on_log(run=run, step=metrics["step"], metrics=metrics)
+    logger.on_train_end(run=run)
+
+    events = event_accumulator.EventAccumulator(str(tmp_path / PROJECT))  # the run's events, not the hparams'
+    events.Reload()
+    scalars = {tag: [(event.step, event.value) for event in events.Scalars(tag)] for tag in events.Tags()["scalars"]}
+    assert scalars == {
+        "reward": [(1, 0.25), (2, 0.75)],
+        "loss": [(1, 0.5), (2, 0.125)],
+        "kl": [(2, pytest.approx(0.01))],  # step 1's NaN is no point
+    }
+
+
+def test_config_is_flat_scalars_for_tensorboards_hparams():
+    assert flat_config(CONFIG) == {
+        "seed": 3,
+        "trainer/learning_rate": 1e-3,
+        "trainer/max_steps": 2,
+        "trainer/report_to": "['tensorboard']",
+        "rollouts/replay": "None",
+    }
+
+
+def test_unknown_tracker_names_the_supported_ones():
+    supported = "the supported ones are tensorboard, wandb, trackio"
+    with pytest.raises(ConfigError, match=f"unknown tracker 'tensorbord'; {supported}"):
+        check_trackers(["tensorbord"])
+
+
+@pytest.mark.parametrize("name", ["wandb", "trackio"])
+def test_a_tracker_not_installed_says_what_to_install(name):
+    if importlib.util.find_spec(name) is not None:
+        pytest.skip(f"{name} is installed")
+    with pytest.raises(ConfigError, match=f"pip install {name}"):
+        check_trackers([name])
+
+
+def test_wandb_is_offline_unless_the_user_said_otherwise(monkeypatch):
+    pytest.importorskip("wandb")
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    check_trackers(["wandb"])
+    assert os.environ["WANDB_MODE"] == "offline"
+    monkeypatch.setenv("WANDB_MODE", "online")
+    check_trackers(["wandb"])
+    assert os.environ["WANDB_MODE"] == "online"
+
+
+def test_no_trackers_and_repeats():
+    pytest.importorskip("tensorboard")
+    assert check_trackers([]) == []
+    assert check_trackers(["tensorboard", "tensorboard"]) == ["tensorboard"]
