@@ -27,6 +27,9 @@ START = {("grpo", 0): 0.2, ("grpo", 1): 0.3, ("dapo", 0): 0.4, ("dapo", 1): 0.5,
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 
+EVAL_STEPS = 5  # an evaluation every 5 steps, scoring half the training reward
+
+
 def reward(loss: str, seed: int, step: int) -> float:
     return START[loss, seed] + 0.01 * step
 
@@ -62,6 +65,8 @@ def write_run(directory, loss, seed, steps=STEPS, max_steps=STEPS, error=None, l
             line["clip_ratio/region_mean"] = 0.01
         if loss == "dapo":
             line["kl"] = None if step == 1 else 0.001 * step  # the logger writes a NaN as null
+        if step % EVAL_STEPS == 0:
+            line["eval/reward"] = reward(loss, seed, step) / 2
         lines.append(json.dumps(line))
     (directory / "metrics.jsonl").write_text("".join(line + "\n" for line in lines))
     if error:
@@ -96,6 +101,7 @@ def test_runs_table(sweep):
     assert first["variant"] == "+loss=grpo" and first["seed"] == "0" and first["status"] == "ok"
     assert float(first["final_reward"]) == pytest.approx((reward("grpo", 0, 19) + reward("grpo", 0, 20)) / 2)
     assert float(first["best_reward"]) == pytest.approx(reward("grpo", 0, 20))
+    assert float(first["eval_reward"]) == pytest.approx(reward("grpo", 0, 20) / 2)  # the last evaluation's
     assert first["steps"] == "20"
     assert float(first["wall_time_s"]) == pytest.approx(STEPS * SECONDS_PER_STEP)
     assert float(first["tokens_per_s"]) == pytest.approx(MEAN_LENGTH * BATCH * ACCUMULATION / SECONDS_PER_STEP)
@@ -114,6 +120,7 @@ def test_variants_table_is_mean_and_std_over_seeds(sweep):
     assert float(grpo["final_reward_std"]) == pytest.approx(abs(finals[0] - finals[1]) / math.sqrt(2))  # n - 1
     assert (grpo["runs"], grpo["ok"], grpo["failed"], grpo["seeds"]) == ("2", "2", "0", "0 1")
     assert float(grpo["tokens_per_s_mean"]) == pytest.approx(128.0)
+    assert float(grpo["eval_reward_mean"]) == pytest.approx((reward("grpo", 0, 20) + reward("grpo", 1, 20)) / 4)
     assert float(grpo["tokens_per_s_std"]) == pytest.approx(0.0)
     cispo = rows["+loss=cispo"]  # one completed seed: a mean, no std; the failed run counts in no number
     assert (cispo["runs"], cispo["ok"], cispo["failed"]) == ("2", "1", "1")
@@ -125,7 +132,8 @@ def test_report_md_and_figures(sweep):
     written = write_report(sweep)
     names = [path.name for path in written]
     assert names[:3] == ["report.md", "runs.csv", "variants.csv"]
-    figures = {"final_reward.png", "reward.png", "completion_length.png", "kl.png", "entropy.png", "clip_ratio.png"}
+    figures = {"final_reward.png", "reward.png", "eval_reward.png", "completion_length.png", "kl.png", "entropy.png",
+               "clip_ratio.png"}
     assert set(names[3:]) == figures
     for name in figures:
         data = (sweep / name).read_bytes()
@@ -146,6 +154,13 @@ def test_clip_figure_takes_each_losss_own_clip_ratio(sweep):
     metrics = {variant.label: _curve(variant, clip.metrics).metric for variant in variants}
     assert metrics == {"+loss=grpo": "clip_ratio/region_mean", "+loss=dapo": "clip_ratio/region_mean",
                        "+loss=cispo": "cispo_clip_ratio"}
+
+
+def test_a_sparse_metric_is_a_curve_through_the_steps_that_logged_it(sweep):
+    variants, _ = group_variants(find_runs(sweep))
+    curve = _curve(variants[0], ("eval/reward",))
+    assert list(curve.steps) == [5, 10, 15, 20]
+    assert not any(math.isnan(value) for value in curve.mean)
 
 
 def test_figures_only_for_metrics_some_run_logged(tmp_path):

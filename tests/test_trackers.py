@@ -1,6 +1,7 @@
 """The trackers through accelerate: a real tensorboard run written by the hooks and read back, and the errors."""
 
 import importlib.util
+import json
 import math
 import os
 
@@ -9,6 +10,7 @@ from accelerate import Accelerator
 from accelerate.state import AcceleratorState, GradientState
 from omegaconf import OmegaConf
 
+import grpo_kit
 from grpo_kit.compatibility import ConfigError
 from grpo_kit.pipeline import Run
 from grpo_kit.trackers import PROJECT, TrackerLogger, check_trackers, flat_config
@@ -93,3 +95,44 @@ def test_no_trackers_and_repeats():
     pytest.importorskip("tensorboard")
     assert check_trackers([]) == []
     assert check_trackers(["tensorboard", "tensorboard"]) == ["tensorboard"]
+
+
+def tracked_run(tiny_model, *trackers):
+    return [
+        "+reward=accuracy",
+        f"model.name_or_path={tiny_model}",
+        "data.num_examples=16",
+        "generation.num_generations=4",
+        "trainer.per_device_train_batch_size=8",
+        "trainer.max_steps=2",
+        "trainer.progress_bar=false",
+        f"trainer.report_to=[{','.join(trackers)}]",
+    ]
+
+
+def test_a_run_reports_to_tensorboard_inside_its_directory(registry, tiny_model, tmp_path):
+    event_accumulator = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")
+    grpo_kit.train(grpo_kit.compose(tracked_run(tiny_model, "tensorboard"), registry), tmp_path / "run", registry)
+    events = event_accumulator.EventAccumulator(str(tmp_path / "run" / "trackers" / PROJECT))
+    events.Reload()
+    logged = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [(event.step, event.value) for event in events.Scalars("reward")] == [
+        (line["step"], pytest.approx(line["reward"])) for line in logged
+    ]
+
+
+def test_a_run_reports_to_wandb_offline_inside_its_directory(registry, tiny_model, tmp_path, monkeypatch):
+    pytest.importorskip("wandb")
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    grpo_kit.train(grpo_kit.compose(tracked_run(tiny_model, "wandb"), registry), tmp_path / "run", registry)
+    [offline_run] = (tmp_path / "run" / "wandb").glob("offline-run-*")
+    [records] = offline_run.glob("*.wandb")
+    assert records.stat().st_size > 0
+
+
+def test_a_missing_tracker_stops_the_run_before_it_starts(registry, tiny_model, tmp_path):
+    if importlib.util.find_spec("trackio") is not None:
+        pytest.skip("trackio is installed")
+    with pytest.raises(ConfigError, match="pip install trackio"):
+        grpo_kit.train(grpo_kit.compose(tracked_run(tiny_model, "trackio"), registry), tmp_path / "run", registry)
+    assert not (tmp_path / "run").exists()

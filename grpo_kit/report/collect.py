@@ -95,6 +95,12 @@ class Run:
         return max(present) if present else math.nan
 
     @property
+    def eval_reward(self) -> float:
+        """The reward on the eval set at the run's last evaluation (its end); NaN for a run without one."""
+        evaluated = [value for value in self.series("eval/reward")[1] if not math.isnan(value)]
+        return evaluated[-1] if evaluated else math.nan
+
+    @property
     def wall_time(self) -> float:
         """Seconds spent in the training steps: the sum of seconds_per_step (model loading and saving excluded)."""
         if not self.steps:

@@ -11,6 +11,7 @@ from grpo_kit.report.tables import Variant
 FIGURE_TITLES = {
     "final_reward.png": "Final reward per variant",
     "reward.png": "Reward",
+    "eval_reward.png": "Reward on the eval set",
     "completion_length.png": "Completion length",
     "kl.png": "KL divergence",
     "entropy.png": "Entropy",
@@ -49,16 +50,18 @@ def render(
         (
             "Final reward: the mean reward of the last tenth of a run's logged steps. Best: the highest reward of "
             "one step. Mean ± std over the variant's completed runs (its seeds). Wall time: the training steps "
-            "only. Tokens/s: generated completion tokens per second of training, on one process."
+            "only. Tokens/s: generated completion tokens per second of training, on one process. Eval reward: "
+            "the reward on the eval set at the last evaluation, when the runs had one."
         ),
         "",
-        "| variant | final reward | best reward | runs (ok / failed / incomplete) | wall time | tokens/s |",
-        "|---|---|---|---|---|---|",
+        "| variant | final reward | best reward | eval reward | runs (ok / failed / incomplete) | wall time | tokens/s |",
+        "|---|---|---|---|---|---|---|",
     ]
     for row in variant_rows:
         lines.append(
             f"| {_cell(row['variant'])} | {_pm(row['final_reward_mean'], row['final_reward_std'], '.3f')} "
             f"| {_pm(row['best_reward_mean'], row['best_reward_std'], '.3f')} "
+            f"| {_pm(row['eval_reward_mean'], row['eval_reward_std'], '.3f')} "
             f"| {row['runs']} ({row['ok']} / {row['failed']} / {row['incomplete']}) "
             f"| {_duration(row['wall_time_s_mean'])} "
             f"| {_pm(row['tokens_per_s_mean'], row['tokens_per_s_std'], '.0f')} |"
@@ -76,13 +79,14 @@ def render(
         "",
         "## Runs",
         "",
-        "| run | variant | seed | status | final reward | best reward | steps | wall time | tokens/s |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| run | variant | seed | status | final reward | best reward | eval reward | steps | wall time | tokens/s |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row in run_rows:
         lines.append(
             f"| {row['run']} | {_cell(row['variant'])} | {row['seed'] if row['seed'] is not None else ''} "
             f"| {row['status']} | {_number(row['final_reward'], '.3f')} | {_number(row['best_reward'], '.3f')} "
+            f"| {_number(row['eval_reward'], '.3f')} "
             f"| {row['steps']} | {_duration(row['wall_time_s'])} | {_number(row['tokens_per_s'], '.0f')} |"
         )
 

@@ -30,6 +30,7 @@ class Figure:
 
 FIGURES = [
     Figure("reward.png", "Reward", "mean reward of the step's completions", ("reward",)),
+    Figure("eval_reward.png", "Reward on the eval set", "mean reward of the eval completions", ("eval/reward",)),
     Figure("completion_length.png", "Completion length", "tokens per completion (mean)", ("completions/mean_length",)),
     Figure("kl.png", "KL divergence to the reference model", "KL (k3 estimate, per token)", ("kl",)),
     Figure("entropy.png", "Policy entropy", "entropy (nats per token)", ("entropy",)),
@@ -84,8 +85,8 @@ def write_plots(variants: list[Variant], directory: Path, subtitle: str = "") ->
                 ax.fill_between(curve.steps, curve.low, curve.high, color=colour, alpha=0.18, linewidth=0)
             ax.plot(curve.steps, curve.mean, color=colour, linewidth=1.8, label=label)
         smoothing = "/".join(str(window) for window in sorted(windows))
-        titles(fig, ax, figure.title, subtitle, f"lines: mean over seeds; bands: min-max over seeds; "
-                f"moving average over {smoothing} steps of the raw per-step values")
+        smoothed = "the logged values" if windows == {1} else f"moving average over {smoothing} logged values"
+        titles(fig, ax, figure.title, subtitle, f"lines: mean over seeds; bands: min-max over seeds; {smoothed}")
         ax.set_xlabel("optimizer step")
         # Which of the figure's metrics it shows, when it could be one of several and all variants share it.
         shared_metric = len(figure.metrics) > 1 and len(metrics) == 1
@@ -120,13 +121,19 @@ def _curve(variant: Variant, metrics: tuple[str, ...]) -> Curve | None:
     metric = next((name for name in candidates if any(run.has(name) for run in runs)), None)
     if metric is None:
         return None
-    runs = [run for run in runs if run.has(metric)]
-    steps = np.array(sorted({step for run in runs for step in run.steps}))
+    # Only the steps that logged the metric: an evaluation every 50 steps is a curve through its points, not gaps.
+    points = {
+        run.name: [(step, value) for step, value in zip(*run.series(metric)) if not math.isnan(value)]
+        for run in runs
+        if run.has(metric)
+    }
+    runs = [run for run in runs if run.name in points]
+    steps = np.array(sorted({step for run in runs for step, _ in points[run.name]}))
     index = {step: position for position, step in enumerate(steps)}
     window = smoothing_window(len(steps))
     grid = np.full((len(runs), len(steps)), np.nan)  # runs x steps; a run that stopped early leaves NaN
     for row, run in enumerate(runs):
-        run_steps, values = run.series(metric)
+        run_steps, values = zip(*points[run.name])
         smoothed = moving_average(np.array(values, dtype=float), window)
         for step, value in zip(run_steps, smoothed):
             grid[row, index[step]] = value

@@ -12,11 +12,12 @@ from pathlib import Path
 from grpo_kit.report.collect import Run
 
 RUN_COLUMNS = [
-    "run", "variant", "seed", "status", "final_reward", "best_reward", "steps", "wall_time_s", "tokens_per_s",
+    "run", "variant", "seed", "status", "final_reward", "best_reward", "eval_reward", "steps", "wall_time_s",
+    "tokens_per_s",
     "overrides", "error",
 ]
 # Each summary number of a variant is the mean and the std over its completed runs (its seeds).
-SUMMARIES = ["final_reward", "best_reward", "wall_time_s", "tokens_per_s"]
+SUMMARIES = ["final_reward", "best_reward", "eval_reward", "wall_time_s", "tokens_per_s"]
 VARIANT_COLUMNS = (
     ["variant", "runs", "ok", "failed", "incomplete", "seeds"]
     + [f"{name}_{stat}" for name in SUMMARIES for stat in ("mean", "std")]
@@ -61,6 +62,7 @@ def run_rows(runs: list[Run], variants: list[Variant]) -> list[dict]:
             "status": run.status,
             "final_reward": run.final_reward,
             "best_reward": run.best_reward,
+            "eval_reward": run.eval_reward,
             "steps": run.steps[-1] if run.steps else 0,
             "wall_time_s": run.wall_time,
             "tokens_per_s": run.tokens_per_second,
@@ -88,6 +90,7 @@ def variant_rows(variants: list[Variant]) -> list[dict]:
         values = {
             "final_reward": [run.final_reward for run in variant.completed],
             "best_reward": [run.best_reward for run in variant.completed],
+            "eval_reward": [run.eval_reward for run in variant.completed],
             "wall_time_s": [run.wall_time for run in variant.completed],
             "tokens_per_s": [run.tokens_per_second for run in variant.completed],
         }
