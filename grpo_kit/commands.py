@@ -21,7 +21,7 @@ from grpo_kit.report.command import DESCRIPTION as REPORT_DESCRIPTION
 from grpo_kit.report.command import add_arguments as add_report_arguments
 from grpo_kit.report.command import report_command
 
-COMMANDS = ("plugins",)
+COMMANDS = ("plugins", "report")
 
 
 def main(argv: list[str] | None = None) -> int:

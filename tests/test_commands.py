@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from grpo_kit.commands import hydra_value, main
+from grpo_kit.commands import COMMANDS, build_parser, hydra_value, main
 
 ROOT = Path(__file__).parents[1]
 
@@ -130,3 +130,11 @@ def test_the_console_script_is_this_program():
         f"the installed grpo-kit script runs {installed}, pyproject.toml declares {declared}: "
         f"re-run `{Path(sys.executable).parent / 'pip'} install -e .` to regenerate it"
     )
+
+
+def test_every_command_with_an_override_like_argument_runs(tmp_path, capsys):
+    # `report DIR --baseline loss=grpo` carries a `=`, yet it is a command, not a training run.
+    subcommands = build_parser()._subparsers._group_actions[0].choices
+    assert set(COMMANDS) == set(subcommands)
+    assert main(["report", str(tmp_path / "empty"), "--baseline", "loss=grpo"]) == 1
+    assert "does not train" not in capsys.readouterr().err

@@ -17,7 +17,7 @@ from grpo_kit.report import ReportError, main, write_report
 STEPS = 8  # the last quarter: steps 7 and 8
 REPLAY = "outputs/recorded"
 SEEDS = {"grpo": (0, 1, 2), "dapo": (0, 1, 2), "cispo": (0, 1, 5)}  # cispo's seed 5 has no baseline run
-BASE = {"loss": 0.5, "entropy": 1.0, "grad_norm": 2.0, "clip_ratio/region_mean": 0.25, "eval/accuracy": 0.125}
+BASE = {"loss": 0.5, "entropy": 1.0, "grad_norm": 2.0, "clip_ratio/region_mean": 0.25, "eval/reward": 0.125}
 OFFSET = {"grpo": 0.0, "dapo": 0.5, "cispo": -0.25}
 SLOPE = {"grpo": 0.0, "dapo": 0.01, "cispo": 0.0}
 SEED_EFFECT = {"grpo": 0.125, "dapo": 0.145, "cispo": 0.125}
@@ -47,7 +47,7 @@ def write_run(directory, loss, seed, replay=REPLAY, reward_shift=0.0):
         else:
             line["clip_ratio/region_mean"] = value(loss, seed, step, "clip_ratio/region_mean")
         if step % 4 == 0:
-            line["eval/accuracy"] = value(loss, seed, step, "eval/accuracy")
+            line["eval/reward"] = value(loss, seed, step, "eval/reward")
         lines.append(json.dumps(line) + "\n")
     (directory / "metrics.jsonl").write_text("".join(lines))
 
@@ -70,7 +70,7 @@ def sweep(tmp_path):
 
 def expected(loss, metric, baseline="grpo", last_quarter=False):
     """Mean and std over the seeds both ran of each seed's difference averaged over its steps."""
-    steps = range(1, STEPS + 1) if metric != "eval/accuracy" else (4, 8)
+    steps = range(1, STEPS + 1) if metric != "eval/reward" else (4, 8)
     steps = list(steps)[-max(1, len(steps) // 4) :] if last_quarter else steps
     seeds = [seed for seed in SEEDS[loss] if seed in SEEDS[baseline]]
     averages = [
@@ -98,11 +98,11 @@ def test_paired_csv_per_variant_metric_and_step(sweep):
     cispo = by_key["+loss=cispo", "entropy", 8]
     assert (float(cispo["mean_diff"]), float(cispo["std_diff"]), cispo["n_seeds"]) == (-0.25, 0.0, "2")
     # Logged every fourth step only: paired at those steps only.
-    evaluated = [step for variant, metric, step in by_key if (variant, metric) == ("+loss=dapo", "eval/accuracy")]
+    evaluated = [step for variant, metric, step in by_key if (variant, metric) == ("+loss=dapo", "eval/reward")]
     assert evaluated == [4, 8]
     # What replay cannot change is not compared, and cispo's own clip ratio has no baseline to differ from.
     metrics = {metric for _, metric, _ in by_key}
-    assert metrics == {"loss", "entropy", "grad_norm", "clip_ratio/region_mean", "eval/accuracy"}
+    assert metrics == {"loss", "entropy", "grad_norm", "clip_ratio/region_mean", "eval/reward"}
     assert {metric for variant, metric, _ in by_key if variant == "+loss=cispo"} == metrics - {"clip_ratio/region_mean"}
     assert {variant for variant, _, _ in by_key} == {"+loss=dapo", "+loss=cispo"}  # the baseline is not compared
 
@@ -119,8 +119,8 @@ def test_report_section_means_over_seeds_of_step_averages(sweep):
     all_steps, last_quarter = expected("dapo", "loss"), expected("dapo", "loss", last_quarter=True)
     assert all_steps == pytest.approx((0.565, 0.02)) and last_quarter == pytest.approx((0.595, 0.02))
     assert "| `+loss=dapo` | loss | +0.565 ± 0.02 | +0.595 ± 0.02 | 3 |" in report
-    mean, std = expected("dapo", "eval/accuracy")
-    assert f"| `+loss=dapo` | eval/accuracy | {mean:+.3g} ± {std:.2g} |" in report
+    mean, std = expected("dapo", "eval/reward")
+    assert f"| `+loss=dapo` | eval/reward | {mean:+.3g} ± {std:.2g} |" in report
     assert "| `+loss=cispo` | grad_norm | -0.25 ± 0 | -0.25 ± 0 | 2 |" in report
     assert "Reward is the same as the baseline's at every paired step" in report
 
@@ -128,7 +128,7 @@ def test_report_section_means_over_seeds_of_step_averages(sweep):
 def test_paired_figures(sweep):
     names = [path.name for path in write_report(sweep, baseline="loss=grpo")]
     paired = {"paired_loss.png", "paired_entropy.png", "paired_grad_norm.png", "paired_clip_ratio_region_mean.png",
-              "paired_eval_accuracy.png"}
+              "paired_eval_reward.png"}
     assert paired <= set(names) and "paired.csv" in names
     for name in paired:
         assert (sweep / name).read_bytes().startswith(PNG_SIGNATURE), name

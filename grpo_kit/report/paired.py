@@ -16,8 +16,9 @@ from grpo_kit.report.collect import Run
 from grpo_kit.report.errors import ReportError
 from grpo_kit.report.tables import Variant, mean_and_std
 
-# What the objective can change under replay: its own metrics and evaluations, not the rollouts' (reward, lengths).
-COMPARED = ("loss", "kl", "entropy", "clip_ratio/*", "*_clip_ratio", "grad_norm", "eval/*")
+# What the objective can change under replay: its own metrics and what the policy does on the eval set, not the
+# rollouts' (reward, lengths). Of the eval metrics, the two a person reads: the others repeat them.
+COMPARED = ("loss", "kl", "entropy", "clip_ratio/*", "*_clip_ratio", "grad_norm", "eval/reward", "eval/completions/mean_length")
 COLUMNS = ["variant", "metric", "step", "mean_diff", "std_diff", "n_seeds"]
 
 
