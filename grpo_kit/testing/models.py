@@ -33,15 +33,12 @@ def _tiny(model_class, seed: int, chat_template: str | None, **architecture):
     if chat_template is not None:
         tokenizer.chat_template = chat_template
     torch.manual_seed(seed)
+    tiny = dict(hidden_size=16, intermediate_size=32, num_attention_heads=2, num_key_value_heads=1)
     config = Qwen2Config(
         vocab_size=len(tokenizer),
-        hidden_size=16,
-        intermediate_size=32,
-        num_attention_heads=2,
-        num_key_value_heads=1,
         pad_token_id=tokenizer.pad_token_id,
         eos_token_id=tokenizer.eos_token_id,
-        **architecture,
+        **(tiny | architecture),
     )
     return model_class(config), tokenizer
 
