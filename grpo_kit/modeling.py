@@ -8,7 +8,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from grpo_kit import embedded
 from grpo_kit.config import ModelConfig
-from grpo_kit.lora import add_adapters, check_peft_installed
+from grpo_kit.lora import AdapterFreeReference, add_adapters, check_peft_installed, has_adapters
 
 log = logging.getLogger(__name__)
 
@@ -69,9 +69,12 @@ def cast_lm_head_to_fp32(model: torch.nn.Module) -> None:
     head.forward = float32_forward  # on the instance: the weights keep their names for save_pretrained
 
 
-def load_reference_model(policy: torch.nn.Module) -> torch.nn.Module:
-    """A frozen copy of the policy as it starts, for the KL term."""
-    return copy.deepcopy(policy).eval().requires_grad_(False)
+def load_reference_model(policy: torch.nn.Module, device: torch.device):
+    """The KL term's reference: a frozen copy of the policy as it starts, on `device`. A LoRA policy's reference
+    is its own base model, run with the adapters off, so no copy is made."""
+    if has_adapters(policy):
+        return AdapterFreeReference(policy)
+    return copy.deepcopy(policy).eval().requires_grad_(False).to(device)
 
 
 @torch.no_grad()

@@ -29,7 +29,6 @@ from grpo_kit.data import PromptSampler, load_prompts
 from grpo_kit.evaluation import Evaluator, load_eval_prompts
 from grpo_kit.lock import write_or_compare
 from grpo_kit.loggers import ConsoleLogger, JsonlLogger
-from grpo_kit.lora import AdapterFreeReference, has_adapters
 from grpo_kit.modeling import load_model, load_reference_model, mix_into_reference, per_token_logps_and_entropies
 from grpo_kit.objective import Objective, build_objective
 from grpo_kit.pipeline import Run
@@ -112,16 +111,16 @@ def train(cfg: DictConfig, run_dir: str | Path, registry: Registry | None = None
     check_model_path(cfg.model.name_or_path)
     prompts = load_prompts(cfg.data)
     eval_prompts = load_eval_prompts(cfg.eval, cfg.data)
-    for dataset in [prompts] if eval_prompts is None else [prompts, eval_prompts]:
+    every_prompt_set = [dataset for dataset in (prompts, eval_prompts) if dataset is not None]
+    for dataset in every_prompt_set:
         check_reward_columns(rewards, dataset)
     model, tokenizer = load_model(cfg.model)
-    for dataset in [prompts] if eval_prompts is None else [prompts, eval_prompts]:
+    for dataset in every_prompt_set:
         check_prompt_lengths(
             dataset, tokenizer, cfg.generation.max_completion_length,
             getattr(model.config, "max_position_embeddings", None),
         )
-    # With LoRA the reference is the base model under the adapters (below); otherwise a frozen copy of the policy.
-    reference = load_reference_model(model) if algo.beta != 0.0 and not has_adapters(model) else None
+    reference = load_reference_model(model, accelerator.device) if algo.beta != 0.0 else None
     sampler = PromptSampler(
         prompts, cfg.seed, cfg.data.shuffle, accelerator.process_index, accelerator.num_processes
     )
@@ -148,10 +147,6 @@ def train(cfg: DictConfig, run_dir: str | Path, registry: Registry | None = None
         sampler.restore(resumed["sampler"])
         restore_run_files(checkpoint, run_dir)
         log.info("Resuming from %s (step %d)", checkpoint, resumed["step"])
-    if reference is not None:
-        reference = reference.to(accelerator.device)
-    elif algo.beta != 0.0:
-        reference = AdapterFreeReference(accelerator.unwrap_model(model))
     generation.start(model, tokenizer, accelerator)
     references = ReferenceQuantities(
         objective,
