@@ -129,6 +129,7 @@ class EvalConfig:
     path: str | None = None  # a json/jsonl/parquet/csv file or a hub dataset of eval prompts
     split: str | None = None  # the split of `path`, or of data.path when `path` is not given
     steps: int = 0  # evaluate every this many steps, and always at the end (0: only at the end)
+    on_start: bool = False  # also evaluate the policy before its first step, logged as step 0 (TRL's eval_on_start)
     num_examples: int = 128  # prompts evaluated: the first ones of the eval set
     num_generations: int | None = None  # completions per eval prompt (TRL's num_generations_eval); None: as training
     batch_size: int = 32  # prompts per generate call

@@ -81,7 +81,11 @@ def on_step_end(run, step, metrics):
 
 @hookspec
 def on_log(run, step, metrics):
-    """Logged metrics of a logging window (name -> float, with `step`): the loggers write them."""
+    """Logged metrics of a logging window (name -> float, with `step`): the loggers write them.
+
+    Not every name is in every line: `kl` needs algorithm.beta > 0, `eval/*` come with evaluations, and an
+    evaluation before the first step (eval.on_start) logs a line of `step` 0 and `eval/*` metrics only.
+    """
 
 
 @hookspec

@@ -30,7 +30,9 @@ class JsonlLogger:
 
 
 class ConsoleLogger:
-    """A progress bar over the optimizer steps showing the last logged reward and loss."""
+    """A progress bar over the optimizer steps showing the last logged reward and loss (and eval reward)."""
+
+    SHOWN = [("reward", "reward", ".3f"), ("loss", "loss", ".4f"), ("eval/reward", "eval", ".3f")]  # metric, label, format
 
     @hookimpl
     def on_train_start(self, run):
@@ -45,7 +47,9 @@ class ConsoleLogger:
 
     @hookimpl
     def on_log(self, run, step, metrics):
-        self.bar.set_postfix(reward=f"{metrics['reward']:.3f}", loss=f"{metrics['loss']:.4f}", refresh=False)
+        # An evaluation before the first step logs eval metrics only.
+        shown = {key: f"{metrics[name]:{spec}}" for name, key, spec in self.SHOWN if name in metrics}
+        self.bar.set_postfix(shown, refresh=False)
 
     @hookimpl
     def on_train_end(self, run):

@@ -195,6 +195,9 @@ def train(cfg: DictConfig, run_dir: str | Path, registry: Registry | None = None
             rollout_metrics = resumed["rollout_metrics"]
             window.update(resumed["window"])
             restore_random_states(resumed["random"])
+        if evaluator is not None and cfg.eval.on_start and start_step == 0:
+            model.eval()
+            hooks.on_log(run=run, step=0, metrics={"step": 0, **evaluator(0)})
         stop = StopRequest()
         bad_steps = 0
         for step in range(start_step + 1, t.max_steps + 1):

@@ -38,11 +38,12 @@ def eval_file(tmp_path):
 
 
 def test_eval_metrics_are_logged_every_eval_steps_and_at_the_end(registry, tiny_model, tmp_path, eval_file):
-    cfg = grpo_kit.compose(run(tiny_model, f"eval.path={eval_file}", "eval.steps=3", "trainer.max_steps=4"), registry)
-    grpo_kit.train(cfg, tmp_path / "run", registry)
+    overrides = run(tiny_model, f"eval.path={eval_file}", "eval.steps=3", "eval.on_start=true", "trainer.max_steps=4")
+    grpo_kit.train(grpo_kit.compose(overrides, registry), tmp_path / "run", registry)
     lines = logged(tmp_path / "run")
     evaluated = [line["step"] for line in lines if "eval/reward" in line]
-    assert evaluated == [3, 4]
+    assert evaluated == [0, 3, 4]
+    assert set(lines[0]) == {"step", *(name for name in lines[-1] if name.startswith("eval/"))}  # before training
     last = lines[-1]
     assert 0.0 <= last["eval/reward"] <= 1.0
     assert last["eval/rewards/accuracy/mean"] == last["eval/reward"]
@@ -50,14 +51,15 @@ def test_eval_metrics_are_logged_every_eval_steps_and_at_the_end(registry, tiny_
 
 
 def test_evaluating_does_not_change_what_is_trained(registry, tiny_model, tmp_path, eval_file):
-    for name, extra in [("plain", []), ("evaluated", [f"eval.path={eval_file}", "eval.steps=1"])]:
+    no_eval = ["eval.split=null"]  # the embedded task's preset evaluates
+    for name, extra in [("plain", no_eval), ("evaluated", [f"eval.path={eval_file}", "eval.steps=1", "eval.on_start=true"])]:
         grpo_kit.train(grpo_kit.compose(run(tiny_model, *extra), registry), tmp_path / name, registry)
     plain = load_file(tmp_path / "plain" / "model" / "model.safetensors")
     evaluated = load_file(tmp_path / "evaluated" / "model" / "model.safetensors")
     assert plain.keys() == evaluated.keys()
     assert all(torch.equal(plain[name], evaluated[name]) for name in plain)
     assert [line["reward"] for line in logged(tmp_path / "plain")] == [
-        line["reward"] for line in logged(tmp_path / "evaluated")
+        line["reward"] for line in logged(tmp_path / "evaluated") if line["step"] > 0
     ]
 
 
@@ -77,7 +79,7 @@ def test_eval_generations_and_batch_size_are_its_own(local_plugin, tiny_model, t
     """)
     registry = Registry(plugin_manager(local_modules=[module]))
     overrides = run(tiny_model, f"eval.path={eval_file}", "eval.num_examples=5", "eval.num_generations=3",
-                    "eval.batch_size=2", "trainer.max_steps=1")
+                    "eval.batch_size=2", "eval.on_start=false", "trainer.max_steps=1")
     overrides[0] = "+reward=batch_sizes"
     grpo_kit.train(grpo_kit.compose(overrides, registry), tmp_path / "run", registry)
     sizes = importlib.import_module(module).SIZES

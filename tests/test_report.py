@@ -49,7 +49,7 @@ def write_run(directory, loss, seed, steps=STEPS, max_steps=STEPS, error=None, l
         },
     }
     (directory / "config.yaml").write_text(yaml.safe_dump(config))
-    lines = []
+    lines = [json.dumps({"step": 0, "eval/reward": reward(loss, seed, 0) / 2})]  # eval.on_start: before training
     for step in range(logging_steps, steps + 1, logging_steps):
         line = {
             "step": step,
@@ -159,7 +159,7 @@ def test_clip_figure_takes_each_losss_own_clip_ratio(sweep):
 def test_a_sparse_metric_is_a_curve_through_the_steps_that_logged_it(sweep):
     variants, _ = group_variants(find_runs(sweep))
     curve = _curve(variants[0], ("eval/reward",))
-    assert list(curve.steps) == [5, 10, 15, 20]
+    assert list(curve.steps) == [0, 5, 10, 15, 20]
     assert not any(math.isnan(value) for value in curve.mean)
 
 

@@ -117,7 +117,7 @@ def test_a_run_reports_to_tensorboard_inside_its_directory(registry, tiny_model,
     events.Reload()
     logged = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [(event.step, event.value) for event in events.Scalars("reward")] == [
-        (line["step"], pytest.approx(line["reward"])) for line in logged
+        (line["step"], pytest.approx(line["reward"])) for line in logged if "reward" in line
     ]
 
 

@@ -19,7 +19,8 @@ class RewardTarget:
 
     @grpo_kit.hookimpl
     def on_log(self, run, step, metrics):
-        if self.reached_at is None and metrics["reward"] >= self.target:
+        # .get: a line may lack the reward (the eval-only line of step 0)
+        if self.reached_at is None and metrics.get("reward", float("-inf")) >= self.target:
             self.reached_at = step
 
     @grpo_kit.hookimpl
