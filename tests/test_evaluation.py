@@ -10,20 +10,11 @@ from safetensors.torch import load_file
 import grpo_kit
 from grpo_kit.embedded import every_problem
 from grpo_kit.plugins import Registry, plugin_manager
+from grpo_kit.testing import tiny_run
 
 
 def run(tiny_model, *extra):
-    return [
-        "+reward=accuracy",
-        f"model.name_or_path={tiny_model}",
-        "data.num_examples=64",
-        "generation.num_generations=4",
-        "trainer.per_device_train_batch_size=8",
-        "trainer.max_steps=4",
-        "trainer.learning_rate=1e-2",
-        "trainer.progress_bar=false",
-        *extra,
-    ]
+    return tiny_run(tiny_model, "+reward=accuracy", "trainer.max_steps=4", *extra)
 
 
 def logged(run_dir):
@@ -78,9 +69,8 @@ def test_eval_generations_and_batch_size_are_its_own(local_plugin, tiny_model, t
             register("batch_sizes", batch_sizes)
     """)
     registry = Registry(plugin_manager(local_modules=[module]))
-    overrides = run(tiny_model, f"eval.path={eval_file}", "eval.num_examples=5", "eval.num_generations=3",
-                    "eval.batch_size=2", "eval.on_start=false", "trainer.max_steps=1")
-    overrides[0] = "+reward=batch_sizes"
+    overrides = tiny_run(tiny_model, "+reward=batch_sizes", f"eval.path={eval_file}", "eval.num_examples=5",
+                         "eval.num_generations=3", "eval.batch_size=2", "eval.on_start=false", "trainer.max_steps=1")
     grpo_kit.train(grpo_kit.compose(overrides, registry), tmp_path / "run", registry)
     sizes = importlib.import_module(module).SIZES
     assert sizes == [8, 2 * 3, 2 * 3, 1 * 3]  # one training batch, then 5 eval prompts in batches of 2, 3 each

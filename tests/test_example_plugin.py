@@ -12,6 +12,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 import grpo_kit
+from grpo_kit.testing import tiny_run
 
 pytest.importorskip("grpo_kit_example", reason="the example plugin is not installed: pip install docs/plugins/example")
 
@@ -30,21 +31,8 @@ def test_grpo_kit_plugins_lists_it_beside_the_built_ins(registry):  # registry: 
 
 
 def test_its_loss_and_advantage_train_a_tiny_model(registry, tiny_model, tmp_path):
-    cfg = grpo_kit.compose(
-        [
-            "+loss=gpg",
-            "advantage=gpg",
-            "+reward=[accuracy,regex_format]",
-            f"model.name_or_path={tiny_model}",
-            "data.num_examples=64",
-            "generation.num_generations=4",
-            "trainer.per_device_train_batch_size=8",
-            "trainer.max_steps=3",
-            "trainer.learning_rate=1e-2",
-            "trainer.progress_bar=false",
-        ],
-        registry,
-    )
+    overrides = tiny_run(tiny_model, "+loss=gpg", "advantage=gpg", "+reward=[accuracy,regex_format]")
+    cfg = grpo_kit.compose(overrides, registry)
     grpo_kit.train(cfg, tmp_path, registry)
 
     lines = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]

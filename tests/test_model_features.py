@@ -12,7 +12,7 @@ import grpo_kit
 from grpo_kit.compatibility import ConfigError
 from grpo_kit.config import LoraConfig, ModelConfig
 from grpo_kit.modeling import load_model
-from grpo_kit.testing import build_tiny_model
+from grpo_kit.testing import build_tiny_model, tiny_run
 
 
 @pytest.fixture
@@ -21,17 +21,7 @@ def registry(digits_registry):
 
 
 def run(model, *extra):
-    return [
-        "+reward=digits",
-        f"model.name_or_path={model}",
-        "data.num_examples=64",
-        "generation.num_generations=4",
-        "trainer.per_device_train_batch_size=8",
-        "trainer.max_steps=3",
-        "trainer.learning_rate=1e-2",
-        "trainer.progress_bar=false",
-        *extra,
-    ]
+    return tiny_run(model, "+reward=digits", *extra)
 
 
 def logged(run_dir):

@@ -8,6 +8,7 @@ from transformers import AutoModelForCausalLM
 
 import grpo_kit
 from grpo_kit.plugins import Registry, plugin_manager
+from grpo_kit.testing import tiny_run
 
 REQUIRED_METRICS = {
     "step",
@@ -29,23 +30,13 @@ def registry(digits_registry):
     return digits_registry
 
 
-def tiny_run(tiny_model, *extra):
-    return [
-        "+reward=[accuracy,digits]",
-        f"model.name_or_path={tiny_model}",
-        "data.num_examples=64",
-        "generation.num_generations=4",
-        "trainer.per_device_train_batch_size=8",
-        "trainer.max_steps=3",
-        "trainer.learning_rate=1e-2",
-        "trainer.progress_bar=false",
-        *extra,
-    ]
+def run(tiny_model, *extra):
+    return tiny_run(tiny_model, "+reward=[accuracy,digits]", *extra)
 
 
 @pytest.mark.parametrize("loss", ["grpo", "dapo"])
 def test_a_few_steps_change_the_weights_and_write_the_run(registry, tiny_model, tmp_path, loss):
-    cfg = grpo_kit.compose(tiny_run(tiny_model, f"+loss={loss}", "trainer.gradient_accumulation_steps=2"), registry)
+    cfg = grpo_kit.compose(run(tiny_model, f"+loss={loss}", "trainer.gradient_accumulation_steps=2"), registry)
     assert cfg.model.name_or_path == str(tiny_model) and cfg.trainer.learning_rate == 1e-2
     grpo_kit.train(cfg, tmp_path, registry)
 
@@ -62,7 +53,7 @@ def test_a_few_steps_change_the_weights_and_write_the_run(registry, tiny_model, 
 
 
 def test_off_policy_steps_use_old_log_probs(registry, tiny_model, tmp_path):
-    cfg = grpo_kit.compose(tiny_run(tiny_model, "algorithm.num_iterations=2", "algorithm.steps_per_generation=2"), registry)
+    cfg = grpo_kit.compose(run(tiny_model, "algorithm.num_iterations=2", "algorithm.steps_per_generation=2"), registry)
     grpo_kit.train(cfg, tmp_path, registry)
     assert len((tmp_path / "metrics.jsonl").read_text().splitlines()) == 3
 
@@ -75,7 +66,7 @@ def test_batch_not_divisible_by_group_size_fails_before_loading(registry, tmp_pa
 
 def test_an_existing_run_is_never_overwritten(registry, tiny_model, tmp_path):
     (tmp_path / "metrics.jsonl").write_text('{"step": 1}\n')
-    cfg = grpo_kit.compose(tiny_run(tiny_model), registry)
+    cfg = grpo_kit.compose(run(tiny_model), registry)
     with pytest.raises(FileExistsError, match="already holds a run"):
         grpo_kit.train(cfg, tmp_path, registry)
     assert (tmp_path / "metrics.jsonl").read_text() == '{"step": 1}\n'
@@ -103,10 +94,10 @@ def train_one_step(registry, tiny_model, tmp_path, loss, level, correction, *ext
     """One step on the tiny model, or, with tiny_model None, two steps on the embedded default."""
     overrides = [f"+loss={loss}", f"importance_sampling={level}", f"rollout_correction={correction}", *extra]
     if tiny_model is None:
-        run = ["+reward=accuracy", "trainer.max_steps=2", "trainer.progress_bar=false"]
+        base = ["+reward=accuracy", "trainer.max_steps=2", "trainer.progress_bar=false"]
     else:
-        run = tiny_run(tiny_model, "trainer.max_steps=1")
-    cfg = grpo_kit.compose([*run, "trainer.save_model=false", *overrides], registry)
+        base = run(tiny_model, "trainer.max_steps=1")
+    cfg = grpo_kit.compose([*base, "trainer.save_model=false", *overrides], registry)
     grpo_kit.train(cfg, tmp_path, registry)
     logged = json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[-1])
     assert all(value == value for value in (logged["loss"], logged["grad_norm"])), logged  # not NaN
@@ -136,7 +127,7 @@ def test_every_loss_level_and_correction_trains_on_the_embedded_default(registry
 
 def test_two_rewards_are_logged_and_their_weighted_sum_trains(registry, tiny_model, tmp_path):
     cfg = grpo_kit.compose(
-        tiny_run(tiny_model, "+reward=[think_format]", "reward.digits.weight=1.0", "reward.think_format.weight=0.5"),
+        run(tiny_model, "+reward=[think_format]", "reward.digits.weight=1.0", "reward.think_format.weight=0.5"),
         registry,
     )
     grpo_kit.train(cfg, tmp_path, registry)
@@ -158,7 +149,7 @@ def test_a_reward_that_raises_does_not_stop_the_run(local_plugin, tiny_model, tm
             register("flaky", flaky)
     """)
     registry = Registry(plugin_manager(local_modules=[module, "digits_reward"]))
-    cfg = grpo_kit.compose(tiny_run(tiny_model, "+reward=[flaky]"), registry)
+    cfg = grpo_kit.compose(run(tiny_model, "+reward=[flaky]"), registry)
     grpo_kit.train(cfg, tmp_path, registry)
     lines = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert len(lines) == 3 and all(line["rewards/flaky/failures"] == 1 for line in lines)
@@ -168,7 +159,7 @@ def test_a_reward_that_raises_does_not_stop_the_run(local_plugin, tiny_model, tm
 def test_trl_reward_functions_by_import_path_train(registry, tiny_model, tmp_path):
     pytest.importorskip("trl.rewards")
     cfg = grpo_kit.compose(
-        tiny_run(
+        run(
             tiny_model,
             "+reward=[python]",
             "reward.python.function=trl.rewards:get_soft_overlong_punishment",
