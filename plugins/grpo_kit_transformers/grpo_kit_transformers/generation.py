@@ -59,7 +59,7 @@ class TransformersGeneration:
     def generate(self, prompt_ids, with_logprobs=False):
         prompts = self.tokenizer.pad({"input_ids": prompt_ids}, padding_side="left", return_tensors="pt")
         prompts = prompts.to(self.accelerator.device)
-        model = self.merged or self.accelerator.unwrap_model(self.model)
+        model = self.accelerator.unwrap_model(self.model) if self.merged is None else self.merged
         config = self.generation_config_with_scores if with_logprobs else self.generation_config
         out = model.generate(**prompts, generation_config=config)
         completion_ids = out.sequences[:, prompts["input_ids"].shape[1] :]  # (N, T)
