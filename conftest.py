@@ -1,5 +1,7 @@
 """Fixtures shared by the core's tests and the plugins' tests."""
 
+import importlib
+import os
 import textwrap
 
 import pytest
@@ -14,6 +16,27 @@ def registry(monkeypatch):
     for variable in ("GRPO_KIT_PLUGINS", "GRPO_KIT_DISABLE_PLUGINS", "GRPO_KIT_DISABLE_PLUGIN_AUTOLOAD"):
         monkeypatch.delenv(variable, raising=False)
     return Registry(plugin_manager())
+
+
+TRL_VERSION = "1.16.0"  # the TRL whose GRPOTrainer grpo_kit computes exactly (DESIGN.md), pinned in the test extra
+
+
+@pytest.fixture(scope="session")
+def trl():
+    """The trl module, for the tests that compare with TRL. Without trl==1.16.0 they skip, or fail where
+    GRPO_KIT_REQUIRE_TRL=1 (CI sets it), so that a broken install cannot pass CI by skipping the comparisons."""
+    try:
+        module = importlib.import_module("trl")
+    except ImportError as error:
+        problem = f"trl cannot be imported ({error})"
+    else:
+        if module.__version__ == TRL_VERSION:
+            return module
+        problem = f"trl {module.__version__} is installed"
+    reason = f"{problem}; the comparisons need trl=={TRL_VERSION}: pip install -e '.[test]'"
+    if os.environ.get("GRPO_KIT_REQUIRE_TRL") == "1":
+        pytest.fail(f"GRPO_KIT_REQUIRE_TRL=1, but {reason}", pytrace=False)
+    pytest.skip(reason)
 
 
 @pytest.fixture(scope="session")

@@ -6,12 +6,14 @@ it; plugin authors use `hookimpl` and the config and data types of `grpo_kit.kin
 
 __version__ = "0.1.0"
 
+from grpo_kit.builders import build_advantage
 from grpo_kit.config import compose
+from grpo_kit.errors import PluginError
 from grpo_kit.hookspecs import hookimpl
 from grpo_kit.kinds import Completions, GenerationConfig, Reduction, RewardConfig
 from grpo_kit.objective import build_objective
-from grpo_kit.plugins import PluginError, Registry
-from grpo_kit.trainer import build_advantage, train
+from grpo_kit.plugins import Registry
+from grpo_kit.trainer import train
 
 __all__ = [
     "Completions",

@@ -1,11 +1,12 @@
 """Checkpoints: everything a run needs to go on exactly where it stopped, written so a crash never corrupts one.
 
-A checkpoint is RUN_DIR/checkpoints/step-000123/ with the model's and optimizer's state, the scheduler, every
-random generator, the prompt sampler's order and position, the generation batch still being trained on, the
-metrics window and a copy of metrics.jsonl so far. It is written into a temporary folder and renamed into
-place, so a folder named step-* is always complete; only the newest `keep` are kept.
+A checkpoint is RUN_DIR/checkpoints/step-000123/ with the trainer's whole TrainState (grpo_kit/trainer.py) and a
+copy of metrics.jsonl and samples.jsonl so far. It is written into a temporary folder and renamed into place, so
+a folder named step-* is always complete; only the newest `keep` are kept. This module also decides whether a run
+may use a directory at all (`claim_run_directory`), before anything is written into it.
 """
 
+import json
 import logging
 import random
 import shutil
@@ -15,7 +16,7 @@ import numpy as np
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from grpo_kit.compatibility import ConfigError
+from grpo_kit.errors import ConfigError, InputFileError
 
 log = logging.getLogger(__name__)
 
@@ -23,7 +24,7 @@ CHECKPOINTS = "checkpoints"
 PREFIX = "step-"
 
 
-def save_checkpoint(run_dir: Path, step: int, state: dict, keep: int) -> Path:
+def save_checkpoint(run_dir: Path, step: int, state: dict, keep: int, parts: Path | None = None) -> Path:
     root = Path(run_dir) / CHECKPOINTS
     root.mkdir(exist_ok=True)
     final = root / f"{PREFIX}{step:06d}"
@@ -31,7 +32,9 @@ def save_checkpoint(run_dir: Path, step: int, state: dict, keep: int) -> Path:
     shutil.rmtree(staging, ignore_errors=True)  # left by a crash during an earlier attempt
     staging.mkdir()
     try:
-        torch.save({**state, "step": step, "random": random_states()}, staging / "state.pt")
+        torch.save(state, staging / "state.pt")
+        if parts is not None:  # accelerator.save_state's folder (FSDP, DeepSpeed), written by every process
+            parts.rename(staging / "accelerate")
         for name in ("metrics.jsonl", "samples.jsonl"):
             if (Path(run_dir) / name).exists():
                 shutil.copy2(Path(run_dir) / name, staging / name)
@@ -59,11 +62,55 @@ def find_checkpoint(resume: str, run_dir: Path) -> Path | None:
     if (path / CHECKPOINTS).is_dir():
         path = find_checkpoint("auto", path)
     if path is None or not (path / "state.pt").exists():
-        raise FileNotFoundError(
+        raise InputFileError(
             f"trainer.resume={resume} is neither a checkpoint (a folder with state.pt) nor a run directory with "
             f"checkpoints: pass RUN_DIR/checkpoints/step-NNNNNN, a run directory, or auto."
         )
     return path
+
+
+def claim_run_directory(run_dir: Path, resume: str | None) -> Path | None:
+    """The checkpoint this run resumes from, or None for a fresh start; refuses, having written nothing, a directory
+    that holds a run which trained at least one step and that this run would not continue.
+
+    What a run that failed before its first step left behind (an empty metrics.jsonl, error.txt) does not lock
+    the directory: a fresh run or `trainer.resume=auto` starts there from step 0.
+    """
+    run_dir = Path(run_dir)
+    checkpoint = find_checkpoint(resume, run_dir) if resume else None
+    if checkpoint is not None:
+        return checkpoint
+    trained = trained_steps(run_dir)
+    if trained and resume:
+        raise ConfigError(
+            f"{run_dir} holds a run that trained {trained} step(s) but no checkpoint to resume from "
+            "(trainer.save_steps was 0, or the run stopped before its first save). It is left untouched: train "
+            "into another directory with hydra.run.dir=..."
+        )
+    if trained:
+        continuing = (
+            "continue it from its last checkpoint with trainer.resume=auto, or " if find_checkpoint("auto", run_dir) else ""
+        )
+        raise ConfigError(
+            f"{run_dir} already holds a run that trained {trained} step(s) (metrics.jsonl); it is left untouched. "
+            f"{continuing.capitalize()}choose another directory with hydra.run.dir=..."
+        )
+    return None
+
+
+def trained_steps(run_dir: Path) -> int:
+    """The last training step that metrics.jsonl of `run_dir` records; 0 when there is none (a step-0 evaluation
+    is not training). A line cut short by a kill is skipped."""
+    path = Path(run_dir) / "metrics.jsonl"
+    if not path.exists():
+        return 0
+    last = 0
+    for line in path.read_text().splitlines():
+        try:
+            last = max(last, int(json.loads(line).get("step", 0)))
+        except (ValueError, AttributeError):
+            continue
+    return last
 
 
 def load_checkpoint(path: Path) -> dict:
@@ -80,15 +127,17 @@ def restore_run_files(checkpoint: Path, run_dir: Path) -> None:
 
 
 # Settings that may change between a run and its resumption without changing what it computes.
-RESUMABLE_CHANGES = {"trainer.resume", "trainer.resume_force", "trainer.max_steps", "trainer.progress_bar"}
+RESUMABLE_CHANGES = {
+    "trainer.resume", "trainer.resume_force", "trainer.progress_bar", "model.logits", "model.logits_chunk_size"
+}
 
 
 def check_resumable(saved: dict, cfg: DictConfig, checkpoint: Path) -> None:
     """Refuse to resume under other settings (unless trainer.resume_force): the result would be neither run."""
     changed = [
-        f"{key}: {before!r} -> {after!r}"
+        f"{key}: {before!r} -> {after!r}" + _why_it_matters(key, cfg)
         for key, before, after in _differences(saved, OmegaConf.to_container(cfg, resolve=True))
-        if key not in RESUMABLE_CHANGES
+        if key not in RESUMABLE_CHANGES and not (key in LENGTH_SETTINGS and _schedule_is_constant(cfg))
     ]
     if changed and not cfg.trainer.resume_force:
         raise ConfigError(
@@ -97,6 +146,24 @@ def check_resumable(saved: dict, cfg: DictConfig, checkpoint: Path) -> None:
         )
     if changed:
         log.warning("Resuming %s with changed settings:\n  %s", checkpoint, "\n  ".join(changed))
+
+
+# The run's length: the learning-rate schedule is laid out over it, so a new length bends the schedule mid-way.
+LENGTH_SETTINGS = {"trainer.max_steps", "trainer.num_train_epochs"}
+
+
+def _schedule_is_constant(cfg: DictConfig) -> bool:
+    return cfg.trainer.lr_scheduler_type == "constant" and cfg.trainer.warmup_ratio == 0
+
+
+def _why_it_matters(key: str, cfg: DictConfig) -> str:
+    if key not in LENGTH_SETTINGS:
+        return ""
+    return (
+        f" (the {cfg.trainer.lr_scheduler_type} learning-rate schedule is laid out over the run's length, so "
+        "lengthening a run would bend it mid-way; to make runs extendable, train with "
+        "trainer.lr_scheduler_type=constant and trainer.warmup_ratio=0)"
+    )
 
 
 def _differences(before, after, prefix=""):
@@ -108,10 +175,15 @@ def _differences(before, after, prefix=""):
 
 
 def random_states() -> dict:
-    return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    states = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        states["cuda"] = torch.cuda.get_rng_state_all()
+    return states
 
 
 def restore_random_states(states: dict) -> None:
     random.setstate(states["python"])
     np.random.set_state(states["numpy"])
     torch.set_rng_state(states["torch"])
+    if "cuda" in states:
+        torch.cuda.set_rng_state_all(states["cuda"])

@@ -5,19 +5,30 @@ from pathlib import Path
 
 import datasets
 
-from grpo_kit.data import prompt_text
+from grpo_kit.data import looks_local, prompt_text
+from grpo_kit.errors import ConfigError, InputFileError
 
 TRL_ARGUMENTS = {"prompts", "completions", "completion_ids"}
 
 
 def check_model_path(name_or_path: str | None) -> None:
-    """A local-looking path that does not exist is a typo, not a hub id: say so before the hub is asked."""
-    if name_or_path is None or Path(name_or_path).exists():
+    """A local-looking path must be a saved model: say what is wrong with it before transformers guesses."""
+    if name_or_path is None:
         return
-    if name_or_path.startswith((".", "/", "~")) or name_or_path.count("/") > 1:
-        raise FileNotFoundError(
-            f"model.name_or_path={name_or_path} does not exist. Give an existing folder saved with "
-            "save_pretrained, or a hub id such as Qwen/Qwen2.5-0.5B-Instruct."
+    path = Path(name_or_path).expanduser()
+    if not path.exists():
+        if looks_local(name_or_path):  # a typo, not a hub id: say so before the hub is asked
+            raise InputFileError(
+                f"model.name_or_path={name_or_path} does not exist. Give an existing folder saved with "
+                "save_pretrained, or a hub id such as Qwen/Qwen2.5-0.5B-Instruct."
+            )
+        return
+    # A LoRA run's model/ holds its adapters (adapter_config.json), which transformers loads onto their base model.
+    if not path.is_dir() or not any((path / name).is_file() for name in ("config.json", "adapter_config.json")):
+        raise InputFileError(
+            f"model.name_or_path={name_or_path} is not a saved model: {path.absolute()} is not a folder with a "
+            "config.json. Give the folder that save_pretrained wrote (config.json, the weights and the tokenizer "
+            "files), or a hub id such as Qwen/Qwen2.5-0.5B-Instruct."
         )
 
 
@@ -27,7 +38,7 @@ def check_reward_columns(rewards: dict, dataset: datasets.Dataset) -> None:
     for name, reward in rewards.items():
         missing = sorted(set(required_columns(reward)) - available)
         if missing:
-            raise ValueError(
+            raise ConfigError(
                 f"Reward {name!r} needs the dataset column(s) {', '.join(missing)}, which the dataset lacks (its "
                 f"columns: {', '.join(dataset.column_names)}). Add the column, or choose another reward."
             )
@@ -63,7 +74,7 @@ def check_prompt_lengths(dataset: datasets.Dataset, tokenizer, max_completion_le
         if max(lengths) > longest:
             longest, index = max(lengths), start + lengths.index(max(lengths))
     if longest + max_completion_length > context:
-        raise ValueError(
+        raise ConfigError(
             f"Prompt {index} of the dataset is {longest} tokens long; with generation.max_completion_length="
             f"{max_completion_length} that exceeds the model's context of {context} tokens. Shorten or drop the "
             "long prompts, or lower generation.max_completion_length."

@@ -1,5 +1,12 @@
-"""`python -m grpo_kit OVERRIDES...`: a Hydra app that composes the run and trains it."""
+"""`python -m grpo_kit OVERRIDES...`: a Hydra app that composes the run and trains it.
 
+A run first claims its directory (grpo_kit/checkpoint.py): until then nothing is written there, so a refused run
+leaves a directory as it found it. Then the CLI writes what Hydra would (.hydra/config.yaml, hydra.yaml,
+overrides.yaml), logs into RUN_DIR/cli.log, and trains; a run that fails from then on leaves error.txt with
+its traceback. In a sweep a failed run is recorded and the next one starts clean.
+"""
+
+import contextlib
 import logging
 import sys
 import traceback
@@ -7,16 +14,16 @@ from pathlib import Path
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
-from hydra.types import RunMode
 from hydra.errors import OverrideParseException
+from hydra.types import RunMode
+from omegaconf import OmegaConf
 
-from grpo_kit.compatibility import ConfigError
-from grpo_kit.config import PRIMARY_CONFIG, check_choices, store_configs, with_presets
-from grpo_kit.plugins import PluginError, Registry
-from grpo_kit.report import final_reward
-from grpo_kit.scoring import RewardError
+from grpo_kit.config import PRIMARY_CONFIG, check_choices, complete, note_default_loss, store_configs, with_presets
+from grpo_kit.errors import UserError
+from grpo_kit.plugins import Registry
 
 log = logging.getLogger("grpo_kit")
+LOG_FORMAT = "[%(asctime)s][%(name)s][%(levelname)s] - %(message)s"
 
 
 def main() -> None:
@@ -24,8 +31,9 @@ def main() -> None:
         registry = Registry()
         overrides = [arg for arg in sys.argv[1:] if "=" in arg and not arg.startswith("-")]
         check_choices(overrides, registry)
-        sys.argv += with_presets(overrides)[len(overrides) :]
-    except PluginError as error:
+        for_hydra = with_presets(overrides)  # each override in its place (+loss= written loss=), then presets
+        sys.argv = [dict(zip(overrides, for_hydra)).get(arg, arg) for arg in sys.argv] + for_hydra[len(overrides) :]
+    except UserError as error:
         sys.exit(f"error: {error}")
     except OverrideParseException:
         pass  # Hydra reports a malformed override itself, with its position
@@ -34,26 +42,86 @@ def main() -> None:
     @hydra.main(version_base="1.3", config_path=None, config_name=PRIMARY_CONFIG)
     def run(cfg) -> float | None:
         """Train one run; return its final reward (the mean of the last tenth of logged steps) for sweepers."""
+        from grpo_kit.checkpoint import claim_run_directory
+        from grpo_kit.report import final_reward
         from grpo_kit.trainer import train  # torch and transformers load only once the config is valid
 
         hydra_cfg = HydraConfig.get()
         run_dir = Path(hydra_cfg.runtime.output_dir)
+        in_sweep = hydra_cfg.mode == RunMode.MULTIRUN
+        composed = OmegaConf.to_yaml(cfg)
         try:
-            train(cfg, run_dir, registry)
-        except Exception as error:
-            if hydra_cfg.mode != RunMode.MULTIRUN:
-                if isinstance(error, EXPECTED_ERRORS):
+            cfg = complete(cfg, registry)
+        except UserError as error:  # settings that cannot run: a sweep records it in the run's own new folder
+            if in_sweep:
+                (run_dir / "error.txt").write_text(f"{type(error).__name__}: {error}\n")
+            return refused(error, in_sweep)
+        note_default_loss(cfg)
+        try:
+            claim_run_directory(run_dir, cfg.trainer.resume)
+        except UserError as error:  # the folder holds another run, which stays as it is
+            return refused(error, in_sweep)
+        write_hydra_files(run_dir, composed)
+        with run_log(run_dir) as log_file:
+            try:
+                train(cfg, run_dir, registry)
+            except Exception as error:
+                failure = "".join(traceback.format_exception(error))
+                (run_dir / "error.txt").write_text(failure)
+                log_file.write(failure)
+                if in_sweep:  # one failed run is recorded and the others go on
+                    log.error("This run failed (see %s): %s", run_dir / "error.txt", error)
+                    return None
+                if isinstance(error, UserError):
                     log.error("%s", error)
                     sys.exit(1)
+                log.error("The run failed; its traceback is in %s", run_dir / "error.txt")
                 raise
-            # In a sweep, one failed run is recorded and the others go on.
-            (run_dir / "error.txt").write_text("".join(traceback.format_exception(error)))
-            log.error("This run failed (see %s): %s", run_dir / "error.txt", error)
-            return None
         return final_reward(run_dir)
 
     run()
 
 
-EXPECTED_ERRORS = (PluginError, ConfigError, RewardError, FileExistsError)
+def refused(error: UserError, in_sweep: bool) -> None:
+    if not in_sweep:
+        log.error("%s", error)
+        sys.exit(1)
+    log.error("This run was refused: %s", error)
 
+
+def write_hydra_files(run_dir: Path, composed: str) -> None:
+    """What Hydra writes into .hydra/ before a run, written once the run has claimed its directory."""
+    hydra_cfg = HydraConfig.get()
+    folder = run_dir / ".hydra"
+    folder.mkdir(exist_ok=True)
+    (folder / "config.yaml").write_text(composed)
+    OmegaConf.save(OmegaConf.create({"hydra": hydra_cfg}), folder / "hydra.yaml")
+    OmegaConf.save(hydra_cfg.overrides.task, folder / "overrides.yaml")
+
+
+@contextlib.contextmanager
+def run_log(run_dir: Path):
+    """The whole run's log, warnings and tracebacks included, in RUN_DIR/cli.log as well as on the console, with
+    library progress bars off and log lines printed above grpo_kit's own bar rather than through it.
+
+    Yields the log file's stream, for a traceback that belongs in the file but not on the console.
+    """
+    import datasets
+    import transformers
+    from tqdm.contrib.logging import logging_redirect_tqdm
+
+    root = logging.getLogger()
+    file_handler = logging.FileHandler(run_dir / "cli.log")
+    file_handler.setFormatter(logging.Formatter(LOG_FORMAT))
+    root.addHandler(file_handler)
+    logging.captureWarnings(True)
+    transformers.utils.logging.disable_default_handler()  # its records reach the root logger's handlers instead
+    transformers.utils.logging.enable_propagation()
+    transformers.utils.logging.disable_progress_bar()
+    datasets.disable_progress_bars()
+    try:
+        with logging_redirect_tqdm():
+            yield file_handler.stream
+    finally:
+        root.removeHandler(file_handler)
+        file_handler.close()

@@ -14,9 +14,9 @@ import os
 import re
 import sys
 
+from grpo_kit.errors import PluginError
 from grpo_kit.inventory import InstalledPlugin, installed_plugins
 from grpo_kit.kinds import KINDS
-from grpo_kit.plugins import PluginError
 from grpo_kit.report.command import DESCRIPTION as REPORT_DESCRIPTION
 from grpo_kit.report.command import add_arguments as add_report_arguments
 from grpo_kit.report.command import report_command

@@ -9,6 +9,7 @@ import logging
 
 from omegaconf import DictConfig
 
+from grpo_kit.errors import ConfigError
 from grpo_kit.plugins import Registry
 
 log = logging.getLogger(__name__)
@@ -17,11 +18,9 @@ log = logging.getLogger(__name__)
 MIXED_PRECISIONS = ("no", "bf16", "fp16")
 
 
-class ConfigError(ValueError):
-    """A setting, or a combination of settings, that cannot run; the message says how to fix it."""
-
-
 def check_compatibility(cfg: DictConfig, registry: Registry) -> None:
+    check_generation(cfg.generation)
+    check_training_length(cfg.trainer)
     loss = registry.get("loss", cfg.loss.name).implementation
     level = registry.get("importance_sampling", cfg.importance_sampling.name).implementation.level
     correction = registry.get("rollout_correction", cfg.rollout_correction.name).implementation
@@ -71,6 +70,43 @@ def check_compatibility(cfg: DictConfig, registry: Registry) -> None:
         )
     if cfg.eval.num_generations is not None and cfg.eval.num_generations < 1:
         raise ConfigError(f"eval.num_generations={cfg.eval.num_generations} must be at least 1 (or null: as training).")
+
+
+def check_generation(generation: DictConfig) -> None:
+    """The sampling settings the core itself reads, whatever the backend (which checks the rest itself)."""
+    if generation.temperature <= 0:
+        raise ConfigError(
+            f"generation.temperature={generation.temperature} must be positive: the trainer divides the logits by "
+            "it to recompute the sampler's log-probs, so greedy decoding (0) cannot be trained on. Use 1.0 to "
+            "sample from the model as it is, or a smaller positive value (0.7, say) for sharper samples."
+        )
+    if generation.num_generations < 1:
+        raise ConfigError(
+            f"generation.num_generations={generation.num_generations} must be at least 1: it is the number of "
+            "completions per prompt (8 is TRL's default; group advantages need 2 or more)."
+        )
+    if generation.max_completion_length < 1:
+        raise ConfigError(
+            f"generation.max_completion_length={generation.max_completion_length} must be at least 1: it is the "
+            "number of tokens a completion may have (256 is TRL's default)."
+        )
+
+
+def check_training_length(trainer: DictConfig) -> None:
+    """max_steps counts optimizer steps; -1 (TRL's convention) trains num_train_epochs passes over the prompts."""
+    if trainer.max_steps == -1:
+        if trainer.num_train_epochs <= 0:
+            raise ConfigError(
+                f"trainer.max_steps=-1 trains trainer.num_train_epochs passes over the prompts, but "
+                f"trainer.num_train_epochs={trainer.num_train_epochs}: give a positive number of epochs (3, say), "
+                "or a number of optimizer steps with trainer.max_steps=N."
+            )
+    elif trainer.max_steps < 1:
+        raise ConfigError(
+            f"trainer.max_steps={trainer.max_steps} would train nothing: give the number of optimizer steps "
+            "(trainer.max_steps=500, say), or trainer.max_steps=-1 to train trainer.num_train_epochs passes over "
+            "the prompts."
+        )
 
 
 def _corrections_of_level(registry: Registry, levels) -> list[str]:

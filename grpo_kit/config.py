@@ -2,32 +2,39 @@
 
 A plugin's config dataclass is stored under its kind with its name (``loss/dapo``), so ``+loss=dapo`` selects it
 and ``loss.epsilon=0.3`` sets one of its fields; a misspelled field is rejected because Hydra composes in struct
-mode. Rewards are stored at ``reward.NAME`` so that several can be selected at once: ``+reward=[a,b]``.
+mode. Rewards and hooks are stored at ``reward.NAME`` so that several can be selected at once
+(``+reward=[a,b]``); each node carries its plugin's name, so one plugin may be placed under other keys too
+(``+reward@reward.brevity=python``).
 """
 
 import dataclasses
+import difflib
+import importlib.resources
 import logging
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
 import hydra
 from hydra.core.config_store import ConfigStore
 from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.core.override_parser.types import Override
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from grpo_kit.compatibility import check_compatibility
+from grpo_kit.errors import ConfigError, PluginError
 from grpo_kit.kinds import KINDS, MULTI_CHOICE_KINDS
-from grpo_kit.plugins import PluginError, Registry
+from grpo_kit.plugins import Registry
 
 log = logging.getLogger(__name__)
 
 PRESETS_MODULE = "grpo_kit.conf"  # conf/ in a checkout, shipped inside the wheel
 PRIMARY_CONFIG = "grpo_kit"
 
-# The choices a run makes when the command line makes none (TRL's defaults). They are names in the config,
-# not imports: a default whose plugin is not installed is simply left unselected.
-DEFAULT_LOSS = "dapo"
+# The choices a run makes when the command line makes none (TRL's defaults, and DAPO's loss). They are names in
+# the config, not imports: a default whose plugin is not installed is left unselected.
 DEFAULT_CHOICES = {
+    "loss": "dapo",
     "importance_sampling": "token",
     "rollout_correction": "none",
     "advantage": "group",
@@ -60,6 +67,11 @@ class ModelConfig:
     disable_dropout: bool = False  # every dropout off: the same input then always gets the same log-probs
     cast_lm_head_to_fp32: bool = False  # ScaleRL (arXiv 2510.13786): logits in float32; untied heads only
     gradient_checkpointing: bool = False  # recompute activations in the backward pass: less memory, more time
+    # Large vocabularies (docs/training.md): full materialises the (B, T, V) logits; chunked never does (log-probs
+    # from the last hidden states, logits_chunk_size positions at a time); liger uses liger-kernel's fused linear
+    # GRPO loss where it equals the plain loss (TRL's use_liger_kernel; pip install 'grpo-kit[liger]'), else chunked.
+    logits: str = "full"
+    logits_chunk_size: int = 1024  # positions whose logits exist at once (chunked, and liger's metrics)
     lora: LoraConfig = field(default_factory=LoraConfig)
 
 
@@ -91,7 +103,8 @@ class AlgorithmConfig:
 
 @dataclass
 class TrainerConfig:
-    max_steps: int = 500
+    max_steps: int = 500  # optimizer steps; -1: as many as num_train_epochs passes over the prompts take (TRL)
+    num_train_epochs: float = 3.0  # used only with max_steps=-1
     learning_rate: float = 1e-6
     per_device_train_batch_size: int = 8  # completions per micro-batch
     gradient_accumulation_steps: int = 1
@@ -166,18 +179,28 @@ def store_configs(registry: Registry) -> None:
     for kind in KINDS:
         store.repo.pop(kind, None)  # forget plugins of an earlier registry
         for plugin in registry.plugins(kind):
+            node = _with_name(plugin.config, plugin.name)
             if kind in MULTI_CHOICE_KINDS:
-                store.store(group=kind, name=plugin.name, node=plugin.config, package=f"{kind}.{plugin.name}")
+                store.store(group=kind, name=plugin.name, node=node, package=f"{kind}.{plugin.name}")
             else:
-                store.store(group=kind, name=plugin.name, node=_with_name(plugin.config, plugin.name))
+                store.store(group=kind, name=plugin.name, node=node)
     defaults: list[Any] = ["_self_"]
-    defaults += [{kind: name} for kind, name in DEFAULT_CHOICES.items() if name in registry.names(kind)]
+    # Every single-choice kind gets an entry, null when its default is not installed, so that `kind=NAME` (and the
+    # `+kind=NAME` that with_presets rewrites into it) selects a plugin the same way in either case.
+    defaults += [
+        {kind: DEFAULT_CHOICES[kind] if DEFAULT_CHOICES.get(kind) in registry.names(kind) else None}
+        for kind in SINGLE_CHOICE_KINDS
+    ]
     defaults += [{"model": "embedded"}, {"data": "embedded"}]  # after the plugins: the presets tune their options
+    # The log goes to the console here, and to RUN_DIR/cli.log once the run has claimed its directory: a run that
+    # is refused (grpo_kit/cli.py) writes nothing there, not even .hydra/, which the CLI writes itself.
+    defaults += [{"override hydra/job_logging": "stdout"}]
     primary = OmegaConf.structured(RunConfig)
     with open_dict(primary):
         primary.defaults = defaults
         primary.hydra = {
             "searchpath": [f"pkg://{PRESETS_MODULE}"],
+            "output_subdir": None,
             # Every sweep ends by writing its report into its directory; '~hydra.callbacks.report' turns it off.
             "callbacks": {"report": {"_target_": "grpo_kit.report.callback.ReportCallback"}},
         }
@@ -192,11 +215,18 @@ def _with_name(config: type, name: str) -> type:
 def compose(overrides: list[str] | tuple[str, ...] = (), registry: Registry | None = None) -> DictConfig:
     """The config that `python -m grpo_kit OVERRIDES...` would run with."""
     registry = registry or Registry()
+    cfg = complete(hydra_composition(overrides, registry), registry)
+    note_default_loss(cfg)
+    return cfg
+
+
+def hydra_composition(overrides: list[str] | tuple[str, ...], registry: Registry) -> DictConfig:
+    """What Hydra composes of `overrides` and `registry`'s plugins, before `complete` checks that it can run (a
+    registry of one plugin, as the conformance kit makes, composes too)."""
     check_choices(overrides, registry)
     store_configs(registry)
     with hydra.initialize_config_module(PRESETS_MODULE, version_base="1.3"):
-        cfg = hydra.compose(PRIMARY_CONFIG, overrides=with_presets(overrides))
-    return complete(cfg, registry)
+        return hydra.compose(PRIMARY_CONFIG, overrides=with_presets(overrides))
 
 
 # Naming a real model or dataset selects its preset too, so that the embedded model's tuned settings
@@ -205,22 +235,32 @@ PRESET_FOR_PATH = {"model.name_or_path": ("model", "hf"), "data.path": ("data", 
 
 
 def with_presets(overrides: list[str]) -> list[str]:
-    """`overrides`, plus `model=hf` when a model path is given without a model preset (likewise data)."""
+    """The overrides to hand Hydra: `overrides` in their order, each `+KIND=NAME` of a single-choice kind written
+    `KIND=NAME`, then `model=hf` when a model path is given without a model preset (likewise data).
+
+    Every single-choice kind has an entry in the defaults list (the loss's is dapo), which Hydra changes with
+    `loss=NAME` and refuses to add again with `+loss=NAME`; users and the docs write the `+`, so both are taken.
+    """
     parsed = OverridesParser.create().parse_overrides(list(overrides))
     groups = {override.key_or_group for override in parsed}
-    added = []
-    for override in parsed:
+    rewritten, added = [], []
+    for text, override in zip(overrides, parsed):
+        is_added_choice = override.is_add() and override.key_or_group in SINGLE_CHOICE_KINDS and not override.package
+        rewritten.append(text.removeprefix("+") if is_added_choice else text)
         group, preset = PRESET_FOR_PATH.get(override.key_or_group, (None, None))
         if group and group not in groups and override.value() is not None:
             log.info("%s is given: using the %s=%s preset", override.key_or_group, group, preset)
             added.append(f"{group}={preset}")
             groups.add(group)
-    return list(overrides) + added
+    return rewritten + added
 
 
 def check_choices(overrides: list[str] | tuple[str, ...], registry: Registry) -> None:
-    """Fail on a plugin name that is not installed, with the installed choices, before anything is composed."""
-    for override in OverridesParser.create().parse_overrides(list(overrides)):
+    """Fail on an unknown top-level key, or on a plugin name that is not installed (with the installed choices),
+    before anything is composed."""
+    parsed = OverridesParser.create().parse_overrides(list(overrides))
+    check_top_level_keys(parsed)
+    for override in parsed:
         if override.key_or_group not in KINDS or override.is_delete():
             continue
         if override.is_sweep_override():
@@ -232,28 +272,59 @@ def check_choices(overrides: list[str] | tuple[str, ...], registry: Registry) ->
             registry.get(override.key_or_group, str(name))
 
 
-def complete(cfg: DictConfig, registry: Registry) -> DictConfig:
-    """Fill what the command line may leave out (the loss), and check that every kind has a plugin."""
-    if cfg.loss is None:
-        if DEFAULT_LOSS not in registry.names("loss"):
-            raise PluginError(
-                f"No loss selected and the default {DEFAULT_LOSS!r} is not installed: choose one with +loss=NAME "
-                f"(installed: {', '.join(registry.names('loss')) or 'none'})."
+def check_top_level_keys(overrides: list[Override]) -> None:
+    """Fail on an override whose first key is none of the run's sections, plugin kinds, preset groups or `hydra`:
+    Hydra would add it as a new key that nothing reads (`+hooks=dynamic_sampling` for `+hook=...`)."""
+    valid = top_level_keys()
+    for override in overrides:
+        keys = [override.key_or_group] + ([override.package] if override.package else [])
+        for unknown in [key for key in keys if _first_key(key) not in valid and not key.startswith("_")]:
+            close = difflib.get_close_matches(_first_key(unknown), valid, n=1)
+            hint = f"Did you mean {close[0]!r}? " if close else ""
+            raise ConfigError(
+                f"{override.input_line}: {_first_key(unknown)!r} is not a setting of a grpo_kit run, so nothing would "
+                f"read it. {hint}The top-level keys are: {', '.join(valid)}. `python -m grpo_kit --cfg job` shows the "
+                "whole config, `grpo-kit plugins` every plugin option."
             )
-        log.info("No loss given: using %s (choose one with +loss=NAME)", DEFAULT_LOSS)
-        with open_dict(cfg):
-            cfg.loss = OmegaConf.structured(_with_name(registry.get("loss", DEFAULT_LOSS).config, DEFAULT_LOSS))
+
+
+def top_level_keys() -> list[str]:
+    """The run config's sections, Hydra's own key, and the preset groups in conf/ (experiment, sweep, ...)."""
+    sections = [f.name for f in dataclasses.fields(RunConfig)]
+    folders = [entry.name for entry in importlib.resources.files(PRESETS_MODULE).iterdir() if entry.is_dir()]
+    presets = [name for name in folders if not name.startswith("_") and name not in NOT_PRESETS]
+    return sorted({*sections, "hydra", *presets})
+
+
+NOT_PRESETS = {"accelerate"}  # conf/accelerate/ holds `accelerate launch --config_file` files, not Hydra presets
+
+
+def _first_key(key: str) -> str:
+    return re.split(r"[./]", key, maxsplit=1)[0]
+
+
+def complete(cfg: DictConfig, registry: Registry) -> DictConfig:
+    """Check that every kind has a plugin, and that the chosen plugins and settings go together."""
     for kind in SINGLE_CHOICE_KINDS:
         if cfg[kind] is None or "name" not in cfg[kind]:
             installed = ", ".join(registry.names(kind)) or "none"
-            raise PluginError(f"No {kind} plugin selected: add {kind}=NAME (installed: {installed}).")
+            default = DEFAULT_CHOICES[kind]
+            why = "" if default in registry.names(kind) else f", and the default {default!r} is not installed"
+            raise PluginError(f"No {kind} plugin selected{why}: choose one with +{kind}=NAME (installed: {installed}).")
         registry.get(kind, cfg[kind].name)  # a name stored by an earlier registry fails here, by name
     check_compatibility(cfg, registry)
     return cfg
 
 
+def note_default_loss(cfg: DictConfig) -> None:
+    """Say so when the loss is the default one, which the command line did not name."""
+    if cfg.loss.name == DEFAULT_CHOICES["loss"]:
+        log.info("loss: %s, the default (choose another with +loss=NAME)", cfg.loss.name)
+
+
 def options(node: DictConfig) -> dict:
-    """A plugin node's fields without the `name` the core added."""
+    """A plugin node's option values, resolved, without the `name` the core added; `Registry.build` makes the
+    plugin's config dataclass of them."""
     values = OmegaConf.to_container(node, resolve=True)
     values.pop("name", None)
     return values

@@ -1,39 +1,86 @@
 """Prompts: the dataset, the order they are drawn in, and how a prompt becomes token ids."""
 
+import json
 import random
 from pathlib import Path
 
 import datasets
+from datasets.exceptions import DatasetGenerationError
 
 from grpo_kit import embedded
 from grpo_kit.config import DataConfig
+from grpo_kit.errors import ConfigError, InputFileError
 
 _FORMAT_OF_SUFFIX = {".json": "json", ".jsonl": "json", ".parquet": "parquet", ".csv": "csv"}
 
 
-def load_prompts(cfg: DataConfig) -> datasets.Dataset:
-    """The training prompts with their other columns, which reach the rewards as keyword arguments."""
+def load_prompts(cfg: DataConfig, setting: str = "data.path") -> datasets.Dataset:
+    """The training prompts with their other columns, which reach the rewards as keyword arguments.
+
+    `setting` is the option that named `cfg.path`, for the messages (eval.path for an eval set).
+    """
     if cfg.path is None:
         dataset = datasets.Dataset.from_list(embedded.build_task(cfg.num_examples))
-    elif Path(cfg.path).suffix in _FORMAT_OF_SUFFIX:
-        if not Path(cfg.path).exists():
-            raise FileNotFoundError(f"data.path={cfg.path} does not exist.")
-        try:
-            dataset = datasets.load_dataset(_FORMAT_OF_SUFFIX[Path(cfg.path).suffix], data_files=cfg.path, split="train")
-        except ValueError as error:
-            if "no data" not in str(error):
-                raise
-            dataset = datasets.Dataset.from_dict({})  # an empty file; check_dataset says so
     else:
-        dataset = datasets.load_dataset(cfg.path, cfg.name, split=cfg.split)
+        path = Path(cfg.path).expanduser()
+        if (path.suffix in _FORMAT_OF_SUFFIX or looks_local(cfg.path)) and not path.exists():
+            raise InputFileError(
+                f"{setting}={cfg.path} does not exist (looked for {path.absolute()}). Give an existing "
+                f"{'/'.join(sorted(_FORMAT_OF_SUFFIX))} file or a folder of them, or a hub dataset id such as "
+                "trl-lib/DeepMath-103K."
+            )
+        if path.suffix in _FORMAT_OF_SUFFIX:
+            dataset = _load_file(path, setting)
+        else:
+            dataset = datasets.load_dataset(str(path), cfg.name, split=cfg.split)
     if len(dataset) == 0:
-        raise ValueError(f"The dataset {cfg.path} is empty: it needs at least one row with a `prompt`.")
+        raise ConfigError(f"The dataset {cfg.path} is empty: it needs at least one row with a `prompt`.")
     if "prompt" not in dataset.column_names:
-        raise ValueError(
+        raise ConfigError(
             f"The dataset {cfg.path} has no `prompt` column (columns: {', '.join(dataset.column_names)}). "
             "Rename the column that holds the prompts to `prompt`."
         )
     return dataset
+
+
+def looks_local(name_or_path: str) -> bool:
+    """A path, not a hub id: hub ids are `name` or `owner/name`, and never start with '.', '/' or '~'."""
+    return name_or_path.startswith((".", "/", "~")) or name_or_path.count("/") > 1
+
+
+def _load_file(path: Path, setting: str) -> datasets.Dataset:
+    file_format = _FORMAT_OF_SUFFIX[path.suffix]
+    try:
+        return datasets.load_dataset(file_format, data_files=str(path), split="train")
+    except DatasetGenerationError as error:
+        # datasets chains three tracebacks to say "row 1"; the line and column are what the user needs.
+        problem = (_json_syntax_error(path) if file_format == "json" else None) or str(error.__cause__ or error)
+        raise InputFileError(
+            f"{setting}={path} could not be read: {problem}. Correct the file (or drop the broken row) and run again."
+        ) from None
+    except ValueError as error:
+        if "no data" not in str(error):
+            raise
+        return datasets.Dataset.from_dict({})  # an empty file; load_prompts says so
+
+
+def _json_syntax_error(path: Path) -> str | None:
+    """Where a json or jsonl file first breaks JSON's syntax ("line 3 is not valid JSON (...)"), or None."""
+    text = path.read_text()
+    try:
+        json.loads(text)
+        return None
+    except json.JSONDecodeError as error:
+        if error.msg != "Extra data":  # one JSON document (an array of rows, say), broken at this place
+            return f"line {error.lineno} is not valid JSON ({error.msg} at column {error.colno})"
+    for number, line in enumerate(text.splitlines(), start=1):  # JSON lines: one row per line
+        if not line.strip():
+            continue
+        try:
+            json.loads(line)
+        except json.JSONDecodeError as error:
+            return f"line {number} is not valid JSON ({error.msg} at column {error.colno})"
+    return None
 
 
 class PromptSampler:
@@ -49,9 +96,9 @@ class PromptSampler:
         self.order: list[int] = []
 
     def draw(self, count: int) -> list[dict]:
-        """This process's share of the next `count` rows."""
+        """This process's next `count` rows: its share of the next `count` x processes rows."""
         rows = []
-        while len(rows) < count:
+        while len(rows) < count * self.num_processes:
             if not self.order:
                 self.order = list(range(len(self.dataset)))
                 if self.shuffle:

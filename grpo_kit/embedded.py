@@ -69,31 +69,34 @@ def model_path() -> Path:
 
 def _pretrain() -> tuple[Qwen2ForCausalLM, PreTrainedTokenizerFast]:
     tokenizer = build_tokenizer()
-    torch.manual_seed(MODEL_SEED)
-    config = Qwen2Config(
-        vocab_size=len(tokenizer),
-        hidden_size=128,
-        intermediate_size=256,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-        tie_word_embeddings=True,
-        pad_token_id=tokenizer.pad_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        bos_token_id=None,
-    )
-    model = Qwen2ForCausalLM(config)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=PRETRAIN_LR)
-    rng = random.Random(MODEL_SEED)
-    for _ in range(PRETRAIN_STEPS):
-        texts = [_noisy_example(rng) for _ in range(PRETRAIN_BATCH)]
-        batch = tokenizer(texts, padding=True, return_tensors="pt")
-        labels = batch.input_ids.masked_fill(batch.attention_mask == 0, -100)
-        loss = model(**batch, labels=labels).loss
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad()
+    # A fork: seeding here must not reset the caller's random streams, or a run that builds the model (the
+    # first on a machine) would sample differently from every later run with the same seed.
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(MODEL_SEED)
+        config = Qwen2Config(
+            vocab_size=len(tokenizer),
+            hidden_size=128,
+            intermediate_size=256,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=64,
+            tie_word_embeddings=True,
+            pad_token_id=tokenizer.pad_token_id,
+            eos_token_id=tokenizer.eos_token_id,
+            bos_token_id=None,
+        )
+        model = Qwen2ForCausalLM(config)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=PRETRAIN_LR)
+        rng = random.Random(MODEL_SEED)
+        for _ in range(PRETRAIN_STEPS):
+            texts = [_noisy_example(rng) for _ in range(PRETRAIN_BATCH)]
+            batch = tokenizer(texts, padding=True, return_tensors="pt")
+            labels = batch.input_ids.masked_fill(batch.attention_mask == 0, -100)
+            loss = model(**batch, labels=labels).loss
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     return model.eval(), tokenizer

@@ -30,7 +30,7 @@ def load_eval_prompts(cfg: EvalConfig, data: DataConfig) -> datasets.Dataset | N
         )
     else:
         source = DataConfig(path=cfg.path or data.path, name=None if cfg.path else data.name, split=cfg.split or "train")
-        dataset = load_prompts(source)
+        dataset = load_prompts(source, setting="eval.path" if cfg.path else "data.path")
     return dataset.select(range(min(cfg.num_examples, len(dataset))))
 
 

@@ -63,15 +63,20 @@ def on_train_start(run):
     """Once, before the first step; the model, tokenizer and run directory are ready."""
 
 
-@hookspec(firstresult=True)
+# The next two are chained, not called through pluggy: each implementation is handed what the one before it
+# returned, in registration order (always-on modules, then `+hook=[a,b]`: a, then b; `hookimpl(tryfirst=True)`
+# first, `trylast=True` last), so two filters both apply. They return a value, so they cannot be wrappers.
+
+
+@hookspec
 def on_rollout_scored(run, scored, draw):
     """A generation batch is scored, before advantages. Return a ScoredBatch of the same number of groups to use
     instead (filter or resample groups; `draw(num_prompts)` generates and scores more), or None to keep it."""
 
 
-@hookspec(firstresult=True)
+@hookspec
 def on_advantages(run, scored, advantages):
-    """Advantages (N,) are computed. Return replacement advantages, or None to keep them."""
+    """Advantages (N,) are computed. Return replacement advantages of the same shape, or None to keep them."""
 
 
 @hookspec

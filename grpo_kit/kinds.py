@@ -6,7 +6,7 @@ base classes (``GenerationConfig``, ``RewardConfig``) are the exception: the cor
 generation or reward plugin's config extends them.
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol
 
 import torch
@@ -38,6 +38,24 @@ class LossInputs:
     rollout_ratio: torch.Tensor | None  # (B, T) or (B, 1): the rollout correction's ratio; None without one
 
 
+@dataclass(frozen=True)
+class LigerLoss:
+    """A loss as liger-kernel's fused linear GRPO loss computes it (`model.logits=liger`, docs/training.md).
+
+    A loss plugin declares it from its config through an optional `liger_loss()` method; the core hands
+    `loss_type` and `options` to `liger_kernel.chunked_loss.LigerFusedLinearGRPOLoss`, and checks once per
+    setting, on a tiny random problem, that Liger's loss and gradient equal this plugin's (else it falls back
+    to the chunked path and logs why).
+    """
+
+    loss_type: str  # Liger's `loss_type`
+    options: dict[str, Any] = field(default_factory=dict)  # Liger's keyword arguments: epsilon_low, delta, ...
+    # True: Liger's value is a mean over this micro-batch, which the core divides by the accumulation steps as
+    # the plugin's own `reduce` does. False: Liger divides by `num_items_in_batch` (the active tokens of the
+    # generation batch), which the core scales to the tokens of one optimizer step on this process.
+    per_micro_batch: bool = True
+
+
 class Loss(Protocol):
     # The importance-sampling level the loss's paper uses ("token" or "sequence"); another one gives a
     # warning that says why (`importance_sampling_advice`). None: either level is fine.
@@ -53,6 +71,10 @@ class Loss(Protocol):
 
     def reduce(self, per_token_loss: torch.Tensor, mask: torch.Tensor, reduction: Reduction) -> torch.Tensor:
         """The micro-batch's scalar, already divided as gradient accumulation needs."""
+
+    # Optional (a loss without it is taken to return None): the loss as liger-kernel computes it, for
+    # `model.logits=liger`; None when Liger has no equivalent, and the loss gets the chunked path instead.
+    def liger_loss(self) -> LigerLoss | None: ...
 
 
 class ImportanceSampling(Protocol):

@@ -13,26 +13,24 @@ class JsonlLogger:
 
     @hookimpl
     def on_train_start(self, run):
-        # "x": never append to, or overwrite, the metrics of another run; "a": a resumed run goes on with its own
-        mode = "a" if run.start_step else "x"
-        self.file = (run.directory / "metrics.jsonl").open(mode) if run.accelerator.is_main_process else None
+        self.path = run.directory / "metrics.jsonl" if run.accelerator.is_main_process else None
+        if self.path is not None and not run.start_step:
+            # A fresh run: the run directory was claimed (grpo_kit/checkpoint.py), so what is here belongs to an
+            # attempt that failed before its first step.
+            self.path.write_text("")
 
     @hookimpl
     def on_log(self, run, step, metrics):
-        if self.file is not None:
-            self.file.write(json.dumps({name: _plain(value) for name, value in metrics.items()}) + "\n")
-            self.file.flush()
-
-    @hookimpl
-    def on_train_end(self, run):
-        if self.file is not None:
-            self.file.close()
+        if self.path is not None:  # opened per line: a run that fails leaves no open file behind
+            with self.path.open("a") as file:
+                file.write(json.dumps({name: _plain(value) for name, value in metrics.items()}) + "\n")
 
 
 class ConsoleLogger:
     """A progress bar over the optimizer steps showing the last logged reward and loss (and eval reward)."""
 
     SHOWN = [("reward", "reward", ".3f"), ("loss", "loss", ".4f"), ("eval/reward", "eval", ".3f")]  # metric, label, format
+    bar = None
 
     @hookimpl
     def on_train_start(self, run):
@@ -53,7 +51,12 @@ class ConsoleLogger:
 
     @hookimpl
     def on_train_end(self, run):
-        self.bar.close()
+        self.close()
+
+    def close(self):
+        """Also called when a run fails: a bar left open would push the next run's bar down a line."""
+        if self.bar is not None:
+            self.bar.close()
 
 
 def _plain(value):

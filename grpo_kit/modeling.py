@@ -1,7 +1,9 @@
 """The policy model and its tokenizer, from the hub, a local folder, or the embedded default."""
 
+import contextlib
 import copy
 import logging
+from pathlib import Path
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -17,7 +19,7 @@ def load_model(cfg: ModelConfig):
     """The policy as `cfg` asks for it (adapters, dropout, head precision, checkpointing), and its tokenizer."""
     if cfg.lora.enabled:
         check_peft_installed()
-    path = cfg.name_or_path or embedded.model_path()
+    path = str(Path(cfg.name_or_path).expanduser()) if cfg.name_or_path else embedded.model_path()
     tokenizer = AutoTokenizer.from_pretrained(path)
     if tokenizer.pad_token is None:
         log.info("The tokenizer has no pad token: padding with its EOS token %r", tokenizer.eos_token)
@@ -85,12 +87,17 @@ def mix_into_reference(policy: torch.nn.Module, reference: torch.nn.Module, alph
 
 
 def per_token_logps_and_entropies(
-    model, batch: dict[str, torch.Tensor], temperature: float, entropy_grad: bool = False
+    model, batch: dict[str, torch.Tensor], temperature: float, entropy_grad: bool = False, chunk_size: int | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:  # (B, T), (B, T)
     """One forward pass: log-probs of the completion tokens and the entropy of each next-token distribution.
 
     The entropies carry a gradient only when asked (an entropy bonus needs one); otherwise they are metrics.
+    With `chunk_size`, the (B, T, V) logits never exist: see `chunked_logps_and_entropies`.
     """
+    if chunk_size is not None:
+        head = OutputHead(model)
+        hidden = last_hidden_states(model, batch, head)
+        return chunked_logps_and_entropies(hidden, head, batch["completion_ids"], temperature, entropy_grad, chunk_size)
     completion_ids = batch["completion_ids"]
     input_ids = torch.cat([batch["prompt_ids"], completion_ids], dim=1)  # (B, P + T)
     attention_mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)
@@ -102,3 +109,156 @@ def per_token_logps_and_entropies(
     with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
         entropies = -(log_probs.exp() * log_probs).sum(dim=-1)
     return per_token_logps, entropies
+
+
+class OutputHead:
+    """The model's LM head (`get_output_embeddings()`) as its forward pass applies it to the last hidden states.
+
+    It sees through the wrappers a policy may have: accelerate's DDP/DeepSpeed `.module`, PEFT (whose head is the
+    base model's), and the adapter-free reference of a LoRA policy (whose head then runs with the adapters off).
+    A final logit soft-capping in the model's config (Gemma 2) is applied as the model applies it, and the head runs
+    under the autocast that the model's forward ran it under (`last_hidden_states` records it).
+    """
+
+    def __init__(self, model):
+        self.adapters_off = contextlib.nullcontext
+        if isinstance(model, AdapterFreeReference):
+            model, self.adapters_off = model.policy, model.policy.disable_adapter
+        while isinstance(getattr(model, "module", None), torch.nn.Module):  # DistributedDataParallel, DeepSpeed
+            model = model.module
+        self.module = model.get_output_embeddings()
+        if self.module is None:
+            raise ValueError(f"{type(model).__name__} has no output embeddings (get_output_embeddings() is None).")
+        self.softcap = getattr(model.config.get_text_config(), "final_logit_softcapping", None)
+        self.autocast: tuple[str, torch.dtype] | None = None  # (device type, dtype) when the model ran it in one
+
+    def precision(self):
+        """The autocast the model's forward ran the head under (accelerate's mixed precision), or none."""
+        return torch.autocast(self.autocast[0], dtype=self.autocast[1]) if self.autocast else contextlib.nullcontext()
+
+    def __call__(self, hidden: torch.Tensor) -> torch.Tensor:  # (..., H) -> (..., V)
+        with self.adapters_off(), self.precision():
+            logits = self.module(hidden)
+        if self.softcap:
+            logits = torch.tanh(logits / self.softcap) * self.softcap
+        return logits
+
+    def record_autocast(self, module, args) -> None:  # a forward pre-hook on the head
+        device_type = args[0].device.type
+        if torch.is_autocast_enabled(device_type):
+            self.autocast = (device_type, torch.get_autocast_dtype(device_type))
+
+
+def last_hidden_states(model, batch: dict[str, torch.Tensor], head: OutputHead) -> torch.Tensor:  # (B, T, H)
+    """The final hidden states at the T positions that predict the completion tokens, from a forward pass that
+    computes the logits of the last position only.
+
+    The model itself is called (not its inner decoder), so DDP's hooks, PEFT's adapters and the adapter-free
+    reference work as in the plain path. Its last-position logits check that `head` reproduces the model's
+    logits from these hidden states; a model that post-processes them otherwise is refused, not silently wrong.
+    """
+    completion_ids = batch["completion_ids"]
+    input_ids = torch.cat([batch["prompt_ids"], completion_ids], dim=1)  # (B, P + T)
+    attention_mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)
+    hook = head.module.register_forward_pre_hook(head.record_autocast)
+    try:
+        out = model(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True, logits_to_keep=1)
+    finally:
+        hook.remove()
+    if getattr(out, "hidden_states", None) is None:
+        raise ValueError(f"{type(model).__name__} returns no hidden states: use model.logits=full.")
+    hidden = out.hidden_states[-1]  # (B, P + T, H), after the final norm
+    with torch.no_grad():
+        expected, ours = out.logits[:, -1].float(), head(hidden[:, -1]).float()
+        difference = (expected - ours).abs().max().item()
+        if not difference <= 1e-2 * expected.abs().max().item() + 1e-5:
+            raise ValueError(
+                f"{type(head.module).__name__} applied to the last hidden states does not give this model's logits "
+                f"(they differ by up to {difference:.3g}): the model post-processes its logits in a way the chunked "
+                "and Liger paths do not know. Use model.logits=full for this model."
+            )
+    return hidden[:, -(completion_ids.shape[1] + 1) : -1]  # position t predicts completion token t
+
+
+def chunked_logps_and_entropies(
+    hidden: torch.Tensor,  # (B, T, H): the final hidden states that predict the completion tokens
+    head,  # (n, H) -> (n, V) logits, an OutputHead
+    completion_ids: torch.Tensor,  # (B, T)
+    temperature: float,
+    entropy_grad: bool = False,
+    chunk_size: int = 1024,
+) -> tuple[torch.Tensor, torch.Tensor]:  # (B, T), (B, T)
+    """`per_token_logps_and_entropies`'s values, with the logits of at most `chunk_size` positions at a time.
+
+    The (B, T) positions are flattened and cut into chunks. Each chunk's logits are computed without a graph and
+    dropped; the backward pass recomputes them, one chunk at a time, and backpropagates the log-softmax's gradient
+    through the head with autograd, so no (B, T, V) tensor ever exists and every parameter of the head (tied
+    embeddings, adapters) gets its gradient.
+    """
+    batch_size, length, width = hidden.shape
+    rows, ids = hidden.reshape(-1, width), completion_ids.reshape(-1)
+    parameters = [parameter for parameter in head.module.parameters() if parameter.requires_grad]
+    differentiable = torch.is_grad_enabled() and (rows.requires_grad or bool(parameters))
+    logps, entropies = [], []
+    for start in range(0, rows.shape[0], chunk_size):
+        chunk, chunk_ids = rows[start : start + chunk_size], ids[start : start + chunk_size]
+        if differentiable:
+            values = _ChunkLogps.apply(head, temperature, entropy_grad, chunk, chunk_ids, *parameters)
+        else:
+            values = _logps_and_entropies(head, chunk, chunk_ids, temperature)
+        logps.append(values[0])
+        entropies.append(values[1])
+    return torch.cat(logps).view(batch_size, length), torch.cat(entropies).view(batch_size, length)
+
+
+@torch.no_grad()
+def _logps_and_entropies(head, hidden, ids, temperature: float):  # (n,), (n,)
+    """The plain path's operations on (n, H) hidden states, so the same values row for row, holding at most three
+    (n, V) tensors at a time."""
+    logits = head(hidden).float().div_(temperature)  # the head's fresh output, so writing into it is safe
+    log_probs = logits.log_softmax(dim=-1)
+    del logits
+    per_token_logps = log_probs.gather(-1, ids.unsqueeze(-1)).squeeze(-1)
+    entropies = -log_probs.exp().mul_(log_probs).sum(dim=-1)
+    return per_token_logps, entropies
+
+
+class _ChunkLogps(torch.autograd.Function):
+    """Log-probs and entropies of one chunk, whose logits the backward pass recomputes instead of keeping.
+
+    With z = head(h) / temperature and p = softmax(z), the gradient with respect to z is
+    g_logp * (onehot(token) - p) - g_entropy * p * (log p + entropy); autograd takes it through the head.
+    """
+
+    @staticmethod
+    def forward(ctx, head, temperature, entropy_grad, hidden, ids, *parameters):
+        per_token_logps, entropies = _logps_and_entropies(head, hidden, ids, temperature)
+        ctx.head, ctx.temperature, ctx.entropy_grad = head, temperature, entropy_grad
+        ctx.save_for_backward(hidden, ids, entropies, *parameters)
+        if not entropy_grad:
+            ctx.mark_non_differentiable(entropies)
+        return per_token_logps, entropies
+
+    @staticmethod
+    def backward(ctx, grad_logps, grad_entropies):
+        hidden, ids, entropies, *parameters = ctx.saved_tensors
+        with torch.enable_grad():
+            hidden = hidden.detach().requires_grad_(ctx.needs_input_grad[3])
+            logits = ctx.head(hidden)  # (n, V), with its graph through the head
+        with torch.no_grad():
+            log_probs = (logits.detach().float() / ctx.temperature).log_softmax(dim=-1)
+            probs = log_probs.exp()
+            grad_logps = grad_logps.float().unsqueeze(-1) / ctx.temperature  # (n, 1), the 1 / temperature folded in
+            if ctx.entropy_grad:
+                grad_entropies = grad_entropies.float().unsqueeze(-1) / ctx.temperature
+                grad = log_probs.add_(entropies.unsqueeze(-1)).mul_(grad_entropies).add_(grad_logps).mul_(probs).neg_()
+                del probs
+            else:
+                del log_probs
+                grad = probs.mul_(-grad_logps)
+            grad.scatter_add_(-1, ids.unsqueeze(-1), grad_logps)
+        inputs = [hidden] if hidden.requires_grad else []
+        inputs += parameters
+        grads = iter(torch.autograd.grad(logits, inputs, grad.to(logits.dtype), allow_unused=True))
+        grad_hidden = next(grads) if hidden.requires_grad else None
+        return None, None, None, grad_hidden, None, *grads

@@ -12,9 +12,12 @@ from dataclasses import dataclass
 from typing import Any
 
 import pluggy
+from omegaconf import OmegaConf, SCMode
+from omegaconf.errors import MissingMandatoryValue
 
 from grpo_kit import hookspecs
-from grpo_kit.kinds import KINDS, GenerationConfig, RewardConfig
+from grpo_kit.errors import ConfigError, PluginError
+from grpo_kit.kinds import KINDS, MULTI_CHOICE_KINDS, GenerationConfig, RewardConfig
 
 ENTRY_POINT_GROUP = "grpo_kit"
 
@@ -32,10 +35,6 @@ REGISTER_HOOK_OF_KIND = {
 _REQUIRED_CONFIG_BASE = {"reward": RewardConfig, "generation": GenerationConfig}
 
 
-class PluginError(Exception):
-    """A plugin could not be found, loaded or registered; the message says which and how to fix it."""
-
-
 @dataclass(frozen=True)
 class Plugin:
     kind: str
@@ -45,6 +44,10 @@ class Plugin:
     distribution: str  # "grpo-kit-losses 0.1.0", or "local module mylab.losses"
 
 
+# The hooks a hook plugin's methods may implement (the register_* hooks are for plugin modules).
+PIPELINE_HOOKS = sorted(name for name in vars(hookspecs) if name.startswith("on_"))
+
+
 class PluginManager(pluggy.PluginManager):
     """pluggy's manager, plus where each plugin module came from and which plugin names are blocked."""
 
@@ -52,7 +55,17 @@ class PluginManager(pluggy.PluginManager):
         super().__init__("grpo_kit")
         self.add_hookspecs(hookspecs)
         self.distributions: dict[str, str] = {}  # plugin module's registered name -> "dist version"
-        self.disabled_names = frozenset(disabled_names)
+        self.disabled_names = frozenset(disabled_names)  # NAME blocks it in every kind, KIND:NAME in one
+        for blocked in self.disabled_names:
+            kind, _, name = blocked.rpartition(":")
+            if (kind and kind not in KINDS) or not name:
+                raise PluginError(
+                    f"GRPO_KIT_DISABLE_PLUGINS holds {blocked!r}, which is neither NAME (blocked in every kind) nor "
+                    f"KIND:NAME with KIND one of {', '.join(KINDS)}: fix that entry."
+                )
+
+    def is_disabled(self, kind: str, name: str) -> bool:
+        return name in self.disabled_names or f"{kind}:{name}" in self.disabled_names
 
 
 def plugin_manager(
@@ -61,7 +74,8 @@ def plugin_manager(
     """A fresh PluginManager holding every installed plugin module.
 
     Defaults come from the environment: GRPO_KIT_DISABLE_PLUGIN_AUTOLOAD=1 turns entry points off,
-    GRPO_KIT_PLUGINS=pkg.mod,... adds local modules, GRPO_KIT_DISABLE_PLUGINS=name,... blocks plugin names.
+    GRPO_KIT_PLUGINS=pkg.mod,... adds local modules, GRPO_KIT_DISABLE_PLUGINS=name,kind:name,... blocks plugins
+    by name in every kind, or in one kind.
     """
     if autoload is None:
         autoload = os.environ.get("GRPO_KIT_DISABLE_PLUGIN_AUTOLOAD", "") not in ("1", "true", "True")
@@ -112,19 +126,23 @@ class Registry:
                 distribution = pm.distributions.get(module_name, f"local module {module_name}")
 
                 def register(name, implementation, config=None, *, kind=kind, distribution=distribution):
-                    self._add(kind, name, implementation, config, distribution, pm.disabled_names)
+                    if not pm.is_disabled(kind, name):
+                        self._add(kind, name, implementation, config, distribution)
 
                 hookimpl.function(register=register)
 
-    def _add(self, kind, name, implementation, config, distribution, disabled) -> None:
-        if name in disabled:
-            return
+    def _add(self, kind, name, implementation, config, distribution) -> None:
         if config is None:
             config = _REQUIRED_CONFIG_BASE.get(kind) or dataclasses.make_dataclass(f"{name}_config", [])
         base = _REQUIRED_CONFIG_BASE.get(kind)
         if not dataclasses.is_dataclass(config) or (base and not issubclass(config, base)):
             needs = f"a dataclass extending grpo_kit.{base.__name__}" if base else "a dataclass"
             raise PluginError(f"{kind} plugin {name!r} from {distribution}: its config must be {needs}, got {config!r}")
+        if "name" in {f.name for f in dataclasses.fields(config)}:
+            raise PluginError(
+                f"{kind} plugin {name!r} from {distribution}: its config {config.__qualname__} has a field `name`, "
+                f"which the core's `{kind}.name` (the plugin's name) would hide: rename that field."
+            )
         existing = self._plugins[kind].get(name)
         if existing is not None:
             raise PluginError(
@@ -153,12 +171,63 @@ class Registry:
             ) from None
 
     def build(self, kind: str, name: str, options: Any) -> Any:
-        """The plugin's object, built with its typed config (a reward function comes back bound to its options)."""
+        """The plugin's object, built with its typed config (a reward function comes back bound to its options).
+
+        `options` is a config instance, or option values (`grpo_kit.config.options(node)`), from which the config
+        dataclass is built as Hydra types it: nested dataclasses become instances of their classes, not dicts.
+        """
         plugin = self.get(kind, name)
-        config = options if isinstance(options, plugin.config) else plugin.config(**options)
-        if inspect.isclass(plugin.implementation):
-            return plugin.implementation(config)
-        return _bind_options(plugin.implementation, config)
+        config = options if isinstance(options, plugin.config) else self.config_instance(kind, name, options)
+        if not inspect.isclass(plugin.implementation):
+            return _bind_options(plugin.implementation, config)
+        built = plugin.implementation(config)
+        if kind == "hook":
+            _check_hook_methods(plugin, built)
+        return built
+
+    def config_instance(self, kind: str, name: str, options: dict) -> Any:
+        """The plugin's config dataclass holding `options`, typed as Hydra types them (nested dataclasses too)."""
+        plugin = self.get(kind, name)
+        node = OmegaConf.merge(OmegaConf.structured(plugin.config), options)
+        try:
+            # resolve=False: the values of a composed run are resolved already, and a default such as
+            # ${generation.max_completion_length} resolves only inside a run's config.
+            return OmegaConf.to_container(node, resolve=False, structured_config_mode=SCMode.INSTANTIATE)
+        except MissingMandatoryValue as error:
+            option = f"{kind}.{name}.{error.full_key}" if kind in MULTI_CHOICE_KINDS else f"{kind}.{error.full_key}"
+            raise ConfigError(
+                f"The {kind} plugin {name!r} ({plugin.distribution}) needs its option {error.full_key}, which has no "
+                f"default: set it with {option}=VALUE."
+            ) from None
+
+
+def _check_hook_methods(plugin: Plugin, hook: Any) -> None:
+    """Fail on a method named like a pipeline hook that the run would never call: unmarked, misspelt, or taking
+    arguments its hook does not pass. pluggy would skip the first two in silence."""
+    where = f"The hook plugin {plugin.name!r} ({_class_path(hook)}, from {plugin.distribution})"
+    checker = PluginManager()
+    for method in [name for name in dir(hook) if name.startswith("on_") and callable(getattr(hook, name))]:
+        if method not in PIPELINE_HOOKS:
+            raise PluginError(
+                f"{where} has a method {method!r}, which is no grpo_kit hook: rename it to one of "
+                f"{', '.join(PIPELINE_HOOKS)}, or give a helper a name that does not start with on_."
+            )
+        if checker.parse_hookimpl_opts(hook, method) is None:
+            raise PluginError(
+                f"{where} does not mark its method {method!r} with @grpo_kit.hookimpl, so the run would never call "
+                f"it: put @grpo_kit.hookimpl on the line above `def {method}`."
+            )
+    try:
+        checker.register(hook)
+    except pluggy.PluginValidationError as error:
+        pluggy_says = str(error).replace("\n", "; ")
+        raise PluginError(
+            f"{where} does not fit grpo_kit's hooks: {pluggy_says}. The hooks are in grpo_kit/hookspecs.py."
+        ) from None
+
+
+def _class_path(obj: Any) -> str:
+    return f"{type(obj).__module__}.{type(obj).__qualname__}"
 
 
 def _bind_options(function, config):

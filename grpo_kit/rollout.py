@@ -1,11 +1,18 @@
-"""One generation batch: draw prompts -> generate -> score -> (hooks) -> advantages -> the tensors to train on."""
+"""One generation batch: draw prompts -> generate -> score -> (hooks) -> advantages -> the tensors to train on.
+
+With several processes, each generates and scores whole groups of its own prompts; the rewards are gathered so
+that the advantages and the logged metrics are those of the whole batch, as in TRL, and each process keeps the
+advantages of its own completions.
+"""
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
 from grpo_kit.advantages import nanstd, weighted_rewards
 from grpo_kit.data import PromptSampler, is_conversational, prompt_text
+from grpo_kit.errors import PluginError
 from grpo_kit.kinds import Generation
 from grpo_kit.pipeline import Run, ScoredBatch
 from grpo_kit.replay import RolloutRecorder, RolloutReplay
@@ -23,34 +30,36 @@ class Rollout:
     num_generations: int
     mask_truncated_completions: bool
     hooks: object  # the plugin manager's hook caller
+    accelerator: Any  # gathers across processes
     with_logprobs: bool = False  # ask the backend for the sampler's log-probs (for a rollout correction)
     replay: RolloutReplay | None = None  # frozen rollouts to train on instead of generating
     recorder: RolloutRecorder | None = None  # saves every scored batch
 
     def __call__(self, run: Run, num_prompts: int) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
-        """The next generation batch of `num_prompts` prompts: tensors for the objective, and its metrics."""
+        """This process's next `num_prompts` prompts as a generation batch: tensors for the objective, and the
+        metrics of the whole batch (every process's)."""
         if self.replay is not None:
             scored = self.replay.next()
         else:
             scored = self._scored_and_filtered(run, num_prompts)
-        advantages = self.advantage(scored.rewards_per_func, self.reward_weights, self.num_generations)  # (N,)
-        advantages = self.hooks.on_advantages(run=run, scored=scored, advantages=advantages) or advantages
+        every_reward = self._gather(scored.rewards_per_func)  # (N x processes, K), in process order
+        first = self.accelerator.process_index * len(scored.rows)
+        advantages = self.advantage(every_reward, self.reward_weights, self.num_generations)  # (N x processes,)
+        advantages = advantages[first : first + len(scored.rows)]  # (N,) this process's
+        advantages = chain(
+            self.hooks.on_advantages, "advantages", _same_shape, run=run, scored=scored, advantages=advantages
+        )
         if self.recorder is not None:
             self.recorder.save(scored, advantages)
         self.last = (scored, advantages)  # for the sample log
-        return self._tensors(scored, advantages), self._metrics(scored)
+        return self._tensors(scored, advantages), self._metrics(scored, every_reward)
 
     def _scored_and_filtered(self, run: Run, num_prompts: int) -> ScoredBatch:
-        scored = self.score(self.sampler.draw(num_prompts))
-        replaced = self.hooks.on_rollout_scored(run=run, scored=scored, draw=lambda n: self.score(self.sampler.draw(n)))
-        if replaced is None:
-            return scored
-        if replaced.num_groups != scored.num_groups:
-            raise RuntimeError(
-                f"An on_rollout_scored hook returned {replaced.num_groups} groups for a batch of "
-                f"{scored.num_groups}: a hook must keep the batch size."
-            )
-        return replaced
+        scored = self._draw(num_prompts)
+        return chain(self.hooks.on_rollout_scored, "scored", _same_groups, run=run, scored=scored, draw=self._draw)
+
+    def _draw(self, num_prompts: int) -> ScoredBatch:
+        return self.score(self.sampler.draw(num_prompts))
 
     def score(self, rows: list[dict], num_generations: int | None = None) -> ScoredBatch:
         """Generate `num_generations` (by default the run's) completions for each row's prompt and score them."""
@@ -96,19 +105,66 @@ class Rollout:
             batch["sampling_per_token_logps"] = generated.sampling_per_token_logps
         return batch
 
-    def _metrics(self, scored: ScoredBatch) -> dict[str, float]:
-        lengths = scored.generated.completion_mask.sum(dim=1).float()
+    def _gather(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Every process's `tensor` concatenated along dim 0, on the CPU (NCCL gathers CUDA tensors only)."""
+        return self.accelerator.gather(tensor.to(self.accelerator.device)).cpu()
+
+    def _metrics(self, scored: ScoredBatch, rewards_per_func: torch.Tensor) -> dict[str, float]:
+        """The batch's metrics over every process: `rewards_per_func` (N x processes, K) is already gathered."""
+        gather = self._gather
+        rewards = weighted_rewards(rewards_per_func, self.reward_weights)  # (N x processes,)
+        group_std = nanstd(rewards.view(-1, self.num_generations), dim=1).nan_to_num(0.0)
+        lengths = gather(scored.generated.completion_mask.sum(dim=1).float())
         metrics = {
-            "reward": scored.rewards.nanmean().item(),
-            "reward_std": nanstd(scored.rewards).item(),
-            "frac_reward_zero_std": (scored.group_std() < 1e-6).float().mean().item(),
+            "reward": rewards.nanmean().item(),
+            "reward_std": nanstd(rewards).item(),
+            "frac_reward_zero_std": (group_std < 1e-6).float().mean().item(),
             "completions/mean_length": lengths.mean().item(),
             "completions/max_length": lengths.max().item(),
-            "completions/clipped_ratio": scored.generated.is_truncated.float().mean().item(),
-            **scored.metrics,
+            "completions/clipped_ratio": gather(scored.generated.is_truncated.float()).mean().item(),
         }
+        if scored.metrics:  # from scoring and hooks: the mean of the processes' values
+            values = gather(torch.tensor([list(scored.metrics.values())]))
+            metrics |= dict(zip(scored.metrics, values.nanmean(dim=0).tolist()))
         for index, name in enumerate(self.scorer.rewards):
-            column = scored.rewards_per_func[:, index]
+            column = rewards_per_func[:, index]
             metrics[f"rewards/{name}/mean"] = column.nanmean().item()
             metrics[f"rewards/{name}/std"] = nanstd(column).item()
         return metrics
+
+
+def chain(hook, key: str, check, **arguments):
+    """Hand `arguments[key]` through every implementation of `hook`, each given what the one before returned
+    (None: unchanged), so that two filters both apply; pluggy's own firstresult call would stop at the first.
+
+    The order is the registration order (always-on modules, then `+hook=[a,b]`: a, then b), with
+    `hookimpl(tryfirst=True)` first and `trylast=True` last.
+    """
+    implementations = sorted(hook.get_hookimpls(), key=lambda impl: (not impl.tryfirst) + impl.trylast)
+    for impl in implementations:
+        result = impl.function(*(arguments[name] for name in impl.argnames))
+        if result is not None:
+            check(result, arguments[key], f"The {hook.name} hook of {_plugin_name(impl)}")
+            arguments[key] = result
+    return arguments[key]
+
+
+def _same_groups(replaced: ScoredBatch, scored: ScoredBatch, who: str) -> None:
+    if replaced.num_groups != scored.num_groups:
+        raise PluginError(
+            f"{who} returned {replaced.num_groups} groups for a batch of {scored.num_groups}: a filter must keep "
+            "the batch size (replace the groups it drops with groups from `draw`)."
+        )
+
+
+def _same_shape(replaced: torch.Tensor, advantages: torch.Tensor, who: str) -> None:
+    if replaced.shape != advantages.shape:
+        raise PluginError(
+            f"{who} returned advantages of shape {tuple(replaced.shape)} for {tuple(advantages.shape)}: "
+            "return one advantage per completion."
+        )
+
+
+def _plugin_name(impl) -> str:
+    """A module's name, or the class of a hook plugin selected with +hook=NAME."""
+    return getattr(impl.plugin, "__name__", type(impl.plugin).__name__)

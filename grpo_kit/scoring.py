@@ -23,17 +23,13 @@ from dataclasses import dataclass
 
 import torch
 
-from grpo_kit.plugins import PluginError
+from grpo_kit.errors import PluginError, RewardError
 
 log = logging.getLogger(__name__)
 
 DEFAULT_WORKERS = min(8, os.cpu_count() or 1)  # processes for CPU-heavy rewards when the caller names no number
 # Workers never fork the training process itself: forking a process that runs threads (and CUDA) is unsafe.
 _START_METHOD = "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
-
-
-class RewardError(Exception):
-    """A reward function returned something the run cannot use."""
 
 
 @dataclass

@@ -14,7 +14,7 @@ import os
 from accelerate.utils import is_tensorboard_available, is_trackio_available, is_wandb_available
 from omegaconf import OmegaConf
 
-from grpo_kit.compatibility import ConfigError
+from grpo_kit.errors import ConfigError
 from grpo_kit.hookspecs import hookimpl
 
 PROJECT = "grpo_kit"

@@ -6,61 +6,66 @@ optimizer step accumulates `gradient_accumulation_steps` micro-batches; a genera
 `num_iterations` times before the next one is generated.
 """
 
+import contextlib
+import enum
 import logging
 import math
+import os
 import signal
 import time
 from collections import defaultdict
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 from accelerate import Accelerator
 from accelerate.state import AcceleratorState
-from accelerate.utils import ProjectConfiguration, set_seed
+from accelerate.utils import ProjectConfiguration, gather_object, set_seed
 from omegaconf import DictConfig, OmegaConf
 from transformers import get_scheduler
 
-from grpo_kit.checkpoint import check_resumable, find_checkpoint, load_checkpoint, restore_random_states, restore_run_files, save_checkpoint
+from grpo_kit.builders import build_advantage, build_hooks, build_rewards
+from grpo_kit.checkpoint import (
+    CHECKPOINTS,
+    check_resumable,
+    claim_run_directory,
+    load_checkpoint,
+    random_states,
+    restore_random_states,
+    restore_run_files,
+    save_checkpoint,
+)
 from grpo_kit.checks import check_model_path, check_prompt_lengths, check_reward_columns
 from grpo_kit.config import complete, options
 from grpo_kit.data import PromptSampler, load_prompts
+from grpo_kit.errors import ConfigError
 from grpo_kit.evaluation import Evaluator, load_eval_prompts
 from grpo_kit.lock import write_or_compare
 from grpo_kit.loggers import ConsoleLogger, JsonlLogger
-from grpo_kit.modeling import load_model, load_reference_model, mix_into_reference, per_token_logps_and_entropies
-from grpo_kit.objective import Objective, build_objective
+from grpo_kit.modeling import load_model
+from grpo_kit.objective import Objective, ObjectiveOutput, build_objective
 from grpo_kit.pipeline import Run
+from grpo_kit.plugins import Registry
+from grpo_kit.policy_loss import PolicyLoss, build_policy_loss
 from grpo_kit.replay import RolloutRecorder, RolloutReplay
-from grpo_kit.plugins import PluginError, Registry
+from grpo_kit.report.collect import load_run
 from grpo_kit.rollout import Rollout
 from grpo_kit.samples import SampleLog
 from grpo_kit.scoring import Scorer
+from grpo_kit.sharding import (
+    ACCELERATE_STATE,
+    build_reference,
+    configure_deepspeed,
+    is_sharded,
+    load_whole_weights,
+    mix_into_sharded_reference,
+    prepare_reference,
+)
 from grpo_kit.trackers import TrackerLogger, check_trackers
 
 log = logging.getLogger(__name__)
-
-
-def build_advantage(cfg: DictConfig, registry: Registry | None = None):
-    """The advantage estimator: (N, K) rewards (NaN = None), (K,) weights, group size -> (N,) advantages."""
-    registry = registry or Registry()
-    estimator = registry.build("advantage", cfg.advantage.name, options(cfg.advantage))
-
-    def advantages(rewards_per_func, weights, num_generations):
-        # An unscorable completion (NaN) carries no signal: advantage 0, so it does not move the policy.
-        return torch.nan_to_num(estimator(rewards_per_func, weights, num_generations), nan=0.0)
-
-    return advantages
-
-
-def build_rewards(cfg: DictConfig, registry: Registry) -> tuple[dict, torch.Tensor]:
-    """The selected reward functions, by name, and their weights (K,)."""
-    if not cfg.reward:
-        raise PluginError(f"No reward selected: add +reward=NAME (installed: {', '.join(registry.names('reward'))}).")
-    functions = {name: registry.build("reward", name, options(node)) for name, node in cfg.reward.items()}
-    weights = torch.tensor([float(node.weight) for node in cfg.reward.values()])
-    return functions, weights
 
 
 def train(cfg: DictConfig, run_dir: str | Path, registry: Registry | None = None) -> Path:
@@ -68,59 +73,52 @@ def train(cfg: DictConfig, run_dir: str | Path, registry: Registry | None = None
     registry = registry or Registry()
     cfg = complete(cfg, registry)
     run_dir = Path(run_dir)
-    checkpoint = find_checkpoint(cfg.trainer.resume, run_dir) if cfg.trainer.resume else None
-    if checkpoint is None and (run_dir / "metrics.jsonl").exists():
-        raise FileExistsError(
-            f"{run_dir} already holds a run (metrics.jsonl): it is left untouched. "
-            "Choose another directory with hydra.run.dir=..."
-        )
+    checkpoint = claim_run_directory(run_dir, cfg.trainer.resume)  # refuses before anything is written
+    if cfg.trainer.resume and checkpoint is None:
+        log.info("No checkpoint in %s: starting from step 0", run_dir)
 
     # Every plugin is built before the model is loaded, so a bad name or option costs nothing.
     objective = build_objective(cfg, registry)
+    policy_loss = build_policy_loss(cfg, objective)  # the plain, chunked or Liger forward pass and loss
     advantage = build_advantage(cfg, registry)
     rewards, reward_weights = build_rewards(cfg, registry)
     generation = registry.build("generation", cfg.generation.name, options(cfg.generation))
-    hook_plugins = [registry.build("hook", name, options(node)) for name, node in cfg.hook.items()]
+    hook_plugins = build_hooks(cfg, registry)
 
     t, algo = cfg.trainer, cfg.algorithm
     num_generations = cfg.generation.num_generations
     steps_per_generation = algo.steps_per_generation or t.gradient_accumulation_steps
-    # accelerate keeps its settings per process; an earlier run in this process (a sweep run by the basic
-    # launcher, a notebook) may have chosen another precision. The process group itself (PartialState) is kept.
-    AcceleratorState._reset_state()
     trackers = check_trackers(list(t.report_to))
-    accelerator = Accelerator(
-        gradient_accumulation_steps=t.gradient_accumulation_steps,
-        mixed_precision=t.mixed_precision,
-        log_with=trackers or None,
-        project_config=ProjectConfiguration(project_dir=str(run_dir), logging_dir=str(run_dir / "trackers")),
-    )
+    accelerator = build_accelerator(t, run_dir, trackers)
     generation_batch_size = t.per_device_train_batch_size * steps_per_generation  # completions, this process
-    if generation_batch_size * accelerator.num_processes % num_generations:
-        raise ValueError(
-            f"A generation batch holds per_device_train_batch_size x steps_per_generation x processes = "
-            f"{generation_batch_size * accelerator.num_processes} completions, which is not a multiple of "
-            f"generation.num_generations={num_generations}: change one of them."
-        )
+    check_processes(cfg, generation_batch_size, accelerator.num_processes)
+    prompts_per_generation = generation_batch_size // num_generations  # this process's whole groups
     replay = RolloutReplay(cfg.rollouts.replay, num_generations, generation_batch_size) if cfg.rollouts.replay else None
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
-    write_or_compare(run_dir, registry, cfg)
-    set_seed(cfg.seed)
-
     check_model_path(cfg.model.name_or_path)
     prompts = load_prompts(cfg.data)
     eval_prompts = load_eval_prompts(cfg.eval, cfg.data)
     every_prompt_set = [dataset for dataset in (prompts, eval_prompts) if dataset is not None]
     for dataset in every_prompt_set:
         check_reward_columns(rewards, dataset)
+    max_steps = t.max_steps
+    if max_steps == -1:
+        max_steps = steps_in_epochs(cfg, len(prompts), prompts_per_generation * accelerator.num_processes)
+
+    if accelerator.is_main_process:
+        log.info("Run directory: %s", run_dir.resolve())
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "error.txt").unlink(missing_ok=True)  # left by an attempt that failed before this one
+        (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
+        write_or_compare(run_dir, registry, cfg)
+    set_seed(cfg.seed)
+
     model, tokenizer = load_model(cfg.model)
     for dataset in every_prompt_set:
         check_prompt_lengths(
             dataset, tokenizer, cfg.generation.max_completion_length,
             getattr(model.config, "max_position_embeddings", None),
         )
-    reference = load_reference_model(model, accelerator.device) if algo.beta != 0.0 else None
+    reference = build_reference(cfg, model, accelerator) if algo.beta != 0.0 else None
     sampler = PromptSampler(
         prompts, cfg.seed, cfg.data.shuffle, accelerator.process_index, accelerator.num_processes
     )
@@ -134,122 +132,118 @@ def train(cfg: DictConfig, run_dir: str | Path, registry: Registry | None = None
     scheduler = get_scheduler(
         t.lr_scheduler_type,
         optimizer,
-        num_warmup_steps=math.ceil(t.warmup_ratio * t.max_steps),
-        num_training_steps=t.max_steps,
+        num_warmup_steps=math.ceil(t.warmup_ratio * max_steps),
+        num_training_steps=max_steps,
     )
-    model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
-    resumed = load_checkpoint(checkpoint) if checkpoint is not None else None
-    if resumed is not None:
-        check_resumable(resumed["config"], cfg, checkpoint)
-        accelerator.unwrap_model(model).load_state_dict(resumed["model"])
-        optimizer.load_state_dict(resumed["optimizer"])
-        scheduler.load_state_dict(resumed["scheduler"])
-        sampler.restore(resumed["sampler"])
-        restore_run_files(checkpoint, run_dir)
-        log.info("Resuming from %s (step %d)", checkpoint, resumed["step"])
+    # The scheduler stays unprepared: accelerate would step it once per process, TRL steps it once per step.
+    model, optimizer = accelerator.prepare(model, optimizer)
+    reference = prepare_reference(reference, accelerator)
     generation.start(model, tokenizer, accelerator)
+    optimization = Optimization(
+        model, optimizer, scheduler, accelerator, policy_loss, t.gradient_accumulation_steps, steps_per_generation,
+        t.max_grad_norm,
+    )
     references = ReferenceQuantities(
         objective,
+        policy_loss,
         reference,
         accelerator.autocast,
-        temperature=cfg.generation.temperature,
         # Old log-probs are needed once the policy may have moved since the batch was generated.
         off_policy=t.gradient_accumulation_steps % (steps_per_generation * algo.num_iterations) != 0,
     )
 
     pm = registry.plugin_manager
-    run_plugins = [JsonlLogger(), ConsoleLogger(), *([TrackerLogger()] if trackers else []), *hook_plugins]
-    for plugin in run_plugins:
-        pm.register(plugin)
-    hooks = pm.hook
+    console = ConsoleLogger()
+    run_plugins = [JsonlLogger(), console, *([TrackerLogger()] if trackers else []), *hook_plugins]
     scorer = Scorer(rewards, timeout=t.reward_timeout, workers=t.reward_workers)
-    rollout = Rollout(
-        sampler,
-        generation,
-        scorer,
-        reward_weights,
-        advantage,
-        tokenizer,
-        num_generations,
-        algo.mask_truncated_completions,
-        hooks,
-        with_logprobs=references.wants_sampling_logps,
-        replay=replay,
-        recorder=RolloutRecorder(run_dir) if cfg.rollouts.save else None,
-    )
-    evaluator = None
-    if eval_prompts is not None:
-        evaluator = Evaluator(eval_prompts, rollout, cfg.eval, cfg.seed, t.max_steps, accelerator)
-    samples = None
-    if t.sample_every > 0 and accelerator.is_main_process:
-        samples = SampleLog(run_dir, every=t.sample_every, max_rows=t.sample_rows)
-    start_step = resumed["step"] if resumed is not None else 0
-    run = Run(cfg, run_dir, accelerator, model, tokenizer, t.max_steps, start_step)
-    prompts_per_generation = generation_batch_size * accelerator.num_processes // num_generations
+    stop = StopRequest()
     try:
+        for plugin in run_plugins:
+            pm.register(plugin)
+        hooks = pm.hook
+        rollout = Rollout(
+            sampler,
+            generation,
+            scorer,
+            reward_weights,
+            advantage,
+            tokenizer,
+            num_generations,
+            algo.mask_truncated_completions,
+            hooks,
+            accelerator,
+            with_logprobs=references.wants_sampling_logps,
+            replay=replay,
+            recorder=RolloutRecorder(run_dir) if cfg.rollouts.save else None,
+        )
+        state = TrainState(
+            model=accelerator.unwrap_model(model),
+            optimizer=optimizer,
+            scheduler=scheduler,
+            sampler=sampler,
+            moving_reference=reference if algo.sync_ref_model else None,
+            replay=replay,
+            recorder=rollout.recorder,
+            config=OmegaConf.to_container(cfg, resolve=True),
+            accelerator=accelerator,
+        )
+        if checkpoint is not None:
+            saved = load_checkpoint(checkpoint)
+            if is_sharded(accelerator):  # every process reads its own part of the weights and optimizer state
+                accelerator.load_state(checkpoint / ACCELERATE_STATE)
+            check_resumable(saved["config"], cfg, checkpoint)
+            restore_run_files(checkpoint, run_dir)
+            state.load_state_dict(saved)  # the last setup step: it restores the random generators too
+            generation.update_weights(model)
+            log.info("Resuming from %s (step %d)", checkpoint, state.step)
+        evaluator = None
+        if eval_prompts is not None:
+            evaluator = Evaluator(eval_prompts, rollout, cfg.eval, cfg.seed, max_steps, accelerator)
+        samples = None
+        if t.sample_every > 0 and accelerator.is_main_process:
+            samples = SampleLog(run_dir, every=t.sample_every, max_rows=t.sample_rows)
+        run = Run(cfg, run_dir, accelerator, model, tokenizer, max_steps, state.step)
+        window = state.window
+
         hooks.on_train_start(run=run)
-        window: dict[str, list[float]] = defaultdict(list)
-        micro_step = 0
-        if resumed is not None:  # the step's pending generation batch, its metrics, and every random generator
-            micro_step, micro_batches = resumed["micro_step"], resumed["micro_batches"]
-            rollout_metrics = resumed["rollout_metrics"]
-            window.update(resumed["window"])
-            restore_random_states(resumed["random"])
-        if evaluator is not None and cfg.eval.on_start and start_step == 0:
+        if evaluator is not None and cfg.eval.on_start and state.step == 0:
             model.eval()
             hooks.on_log(run=run, step=0, metrics={"step": 0, **evaluator(0)})
-        stop = StopRequest()
-        bad_steps = 0
-        for step in range(start_step + 1, t.max_steps + 1):
+        bad_steps, grad_norm = 0, math.nan
+        for step in range(state.step + 1, max_steps + 1):
             started = time.perf_counter()
             model.train()
             finite = True  # a non-finite loss anywhere in the step skips the whole optimizer step
-            for _ in range(t.gradient_accumulation_steps):
-                if micro_step % (steps_per_generation * algo.num_iterations) == 0:
+            for index in range(t.gradient_accumulation_steps):
+                if state.micro_step % (steps_per_generation * algo.num_iterations) == 0:
                     model.eval()
-                    micro_batches, rollout_metrics = generate_batch(
+                    state.micro_batches, state.rollout_metrics = generate_batch(
                         rollout, run, references, model, prompts_per_generation, steps_per_generation, accelerator
                     )
                     model.train()
                     if samples is not None:
                         samples.record(step, *sample_columns(rollout))
-                micro_batch = micro_batches[micro_step % steps_per_generation]
-                micro_step += 1
-                for name, value in rollout_metrics.items():  # the generation batch this micro-batch came from
+                micro_batch = state.micro_batches[state.micro_step % steps_per_generation]
+                state.micro_step += 1
+                for name, value in state.rollout_metrics.items():  # the generation batch this micro-batch came from
                     window[name].append(value)
 
-                with accelerator.accumulate(model):
-                    per_token_logps, entropies = per_token_logps_and_entropies(
-                        model, micro_batch, cfg.generation.temperature, entropy_grad=algo.entropy_coef != 0.0
-                    )
-                    out = objective(
-                        per_token_logps,
-                        entropies,
-                        micro_batch,
-                        gradient_accumulation_steps=t.gradient_accumulation_steps,
-                        steps_per_generation=steps_per_generation,
-                        num_processes=accelerator.num_processes,
-                    )
-                    finite = finite and bool(torch.isfinite(out.loss))
-                    if finite:
-                        accelerator.backward(out.loss)
-                    if accelerator.sync_gradients:
-                        if finite:
-                            grad_norm = accelerator.clip_grad_norm_(model.parameters(), t.max_grad_norm)
-                            optimizer.step()
-                            scheduler.step()
-                        optimizer.zero_grad()
-                window["loss/micro"].append(out.loss.item())
+                ends_step = index == t.gradient_accumulation_steps - 1
+                out, finite, stepped_grad_norm = optimization.train_on(micro_batch, finite, ends_step)
+                grad_norm = grad_norm if stepped_grad_norm is None else stepped_grad_norm
+                window["loss/micro"].append(accelerator.gather(out.loss.detach().reshape(1)).mean().item())
                 for name, value in out.metrics.items():
                     window[name].append(accelerator.gather(value).nanmean().item())
             generation.update_weights(model)
             if algo.sync_ref_model and step % algo.ref_model_sync_steps == 0:
-                mix_into_reference(accelerator.unwrap_model(model), reference, algo.ref_model_mixup_alpha)
+                mix_into_sharded_reference(accelerator, model, reference, algo.ref_model_mixup_alpha)
+            state.step = step
 
             bad_steps = 0 if finite else bad_steps + 1
             if not finite:
                 log.warning("Step %d had a non-finite loss: skipping the step (%d in a row)", step, bad_steps)
-                stop.requested = stop.requested or ("non-finite losses" if bad_steps >= t.max_bad_steps else None)
+                if bad_steps >= t.max_bad_steps:
+                    stop.reason = stop.reason or StopReason.NON_FINITE_LOSSES
             else:
                 window["grad_norm"].append(float(grad_norm))
             window["seconds_per_step"].append(time.perf_counter() - started)
@@ -258,57 +252,181 @@ def train(cfg: DictConfig, run_dir: str | Path, registry: Registry | None = None
             if evaluator is not None and evaluator.due(step):
                 model.eval()
                 evaluated = evaluator(step)
-            if step % t.logging_steps == 0 or step == t.max_steps or evaluated:
+            if step % t.logging_steps == 0 or step == max_steps or evaluated:
                 logged = summarise(window, step, t.gradient_accumulation_steps, scheduler.get_last_lr()[0])
                 window.clear()
                 hooks.on_log(run=run, step=step, metrics=logged | evaluated)
-            if (t.save_steps and step % t.save_steps == 0) or step == t.max_steps or stop.requested:
-                state = {
-                    "model": accelerator.unwrap_model(model).state_dict(),
-                    "optimizer": optimizer.state_dict(),
-                    "scheduler": scheduler.state_dict(),
-                    "sampler": sampler.state(),
-                    "micro_step": micro_step,
-                    "micro_batches": micro_batches,
-                    "rollout_metrics": rollout_metrics,
-                    "window": dict(window),
-                    "config": OmegaConf.to_container(cfg, resolve=True),
-                }
+            if (t.save_steps and step % t.save_steps == 0) or step == max_steps or stop.reason:
+                checkpoint_state = state.state_dict()  # on every process: it gathers their own parts
+                parts = None
+                if is_sharded(accelerator):  # every process writes its own part of the weights and optimizer state
+                    parts = run_dir / CHECKPOINTS / f".parts-{step:06d}"
+                    accelerator.save_state(parts)
+                    accelerator.wait_for_everyone()
                 if accelerator.is_main_process:
-                    save_checkpoint(run_dir, step, state, keep=t.save_total_limit)
-            if stop.requested == "non-finite losses":
+                    save_checkpoint(run_dir, step, checkpoint_state, keep=t.save_total_limit, parts=parts)
+                accelerator.wait_for_everyone()
+            if stop.reason is StopReason.NON_FINITE_LOSSES:
                 raise RuntimeError(
                     f"{bad_steps} steps in a row had a non-finite loss, so the run stopped after saving a checkpoint "
                     f"at step {step}. Lower trainer.learning_rate or check the rewards, then resume with "
                     "trainer.resume=auto."
                 )
-            if stop.requested:
-                log.warning("Stopped by %s after step %d: resume with trainer.resume=auto", stop.requested, step)
+            if stop.reason:
+                log.warning("Stopped by %s after step %d: resume with trainer.resume=auto", stop.reason.value, step)
                 break
 
         generation.close()
-        if t.save_model and accelerator.is_main_process and not stop.requested:
-            accelerator.unwrap_model(model).save_pretrained(run_dir / "model")
-            tokenizer.save_pretrained(run_dir / "model")
-            hooks.on_save(run=run, directory=run_dir / "model")
+        if t.save_model and not stop.reason:
+            weights = accelerator.get_state_dict(model)  # every process: FSDP and ZeRO-3 gather the whole weights
+            if accelerator.is_main_process:
+                accelerator.unwrap_model(model).save_pretrained(run_dir / "model", state_dict=weights)
+                tokenizer.save_pretrained(run_dir / "model")
+                hooks.on_save(run=run, directory=run_dir / "model")
         hooks.on_train_end(run=run)
     finally:
         stop.restore()
+        console.close()
         scorer.close()
         for plugin in run_plugins:
-            pm.unregister(plugin)
+            if pm.is_registered(plugin):
+                pm.unregister(plugin)
+    if accelerator.is_main_process:
+        log.info("Done: %s, %s", run_dir.resolve(), outcome(run_dir))
     return run_dir
+
+
+def build_accelerator(t: DictConfig, run_dir: Path, trackers: list[str]) -> Accelerator:
+    """The run's Accelerator; gradient accumulation is left to `Optimization`."""
+    # accelerate keeps its settings per process; an earlier run in this process (a sweep run by the basic
+    # launcher, a notebook) may have chosen another precision. The process group itself (PartialState) is kept.
+    AcceleratorState._reset_state()
+    accelerator = Accelerator(
+        # Launched as several processes on a machine without CUDA (torchrun, `accelerate launch --multi_gpu`):
+        # accelerate joins them over gloo only when told to use the CPU.
+        cpu=int(os.environ.get("WORLD_SIZE", "1")) > 1 and not torch.cuda.is_available(),
+        mixed_precision=t.mixed_precision,
+        log_with=trackers or None,
+        project_config=ProjectConfiguration(project_dir=str(run_dir), logging_dir=str(run_dir / "trackers")),
+    )
+    for engine, flag in (("FSDP", "ACCELERATE_USE_FSDP"), ("DeepSpeed", "ACCELERATE_USE_DEEPSPEED")):
+        if os.environ.get(flag, "").lower() == "true" and not is_sharded(accelerator) and accelerator.is_main_process:
+            log.warning(
+                "The accelerate config asks for %s, which accelerate uses only on GPUs (or other accelerators): "
+                "this run is plain data parallel (%s) over %d processes instead.",
+                engine, accelerator.distributed_type.value, accelerator.num_processes,
+            )
+    configure_deepspeed(accelerator, t)
+    return accelerator
+
+
+@dataclass
+class Optimization:
+    """The policy's update: the loss and its gradient on each micro-batch, and the optimizer step once the
+    micro-batches of an accumulation are in.
+
+    The accumulation is counted here, not by accelerate: the loss plugins already divide by the accumulation
+    steps, as TRL's losses do, and accelerate's own accumulation would divide the loss once more.
+    """
+
+    model: torch.nn.Module  # prepared by the accelerator
+    optimizer: torch.optim.Optimizer
+    scheduler: Any
+    accelerator: Accelerator
+    policy_loss: PolicyLoss
+    gradient_accumulation_steps: int
+    steps_per_generation: int
+    max_grad_norm: float
+
+    def train_on(
+        self, micro_batch: dict[str, torch.Tensor], finite: bool, ends_step: bool
+    ) -> tuple[ObjectiveOutput, bool, float | None]:
+        """The micro-batch's loss and metrics; whether every loss of the step so far was finite on every process
+        (else the step is skipped); the gradient norm when this micro-batch ended the step."""
+        accelerator, grad_norm = self.accelerator, None
+        # Processes exchange gradients once, after the last micro-batch of a step.
+        with contextlib.nullcontext() if ends_step else accelerator.no_sync(self.model):
+            out = self.policy_loss(
+                self.model,
+                micro_batch,
+                gradient_accumulation_steps=self.gradient_accumulation_steps,
+                steps_per_generation=self.steps_per_generation,
+                num_processes=accelerator.num_processes,
+            )
+            # Decided by every process together: one that skipped its backward alone would desync DDP.
+            finite = finite and bool(accelerator.gather(torch.isfinite(out.loss.detach()).reshape(1)).all())
+            if finite:
+                accelerator.sync_gradients = ends_step  # DeepSpeed's backward steps its optimizer when True
+                accelerator.backward(out.loss)
+        if ends_step:
+            if finite:
+                grad_norm = float(accelerator.clip_grad_norm_(self.model.parameters(), self.max_grad_norm))
+                self.optimizer.step()
+                self.scheduler.step()
+            self.optimizer.zero_grad()
+        return out, finite, grad_norm
+
+
+def check_processes(cfg: DictConfig, generation_batch_size: int, num_processes: int) -> None:
+    """Each process generates, scores and trains on whole groups of its own prompts."""
+    num_generations = cfg.generation.num_generations
+    if generation_batch_size % num_generations:
+        raise ConfigError(
+            f"Each process's generation batch holds per_device_train_batch_size x steps_per_generation = "
+            f"{generation_batch_size} completions, which is not a multiple of generation.num_generations="
+            f"{num_generations}: change one of them (every process generates whole groups of its own prompts)."
+        )
+    if num_processes > 1 and (cfg.rollouts.save or cfg.rollouts.replay):
+        raise ConfigError(
+            "rollouts.save and rollouts.replay record and replay one process's generation batches: run them with "
+            f"one process (this run has {num_processes})."
+        )
+
+
+def steps_in_epochs(cfg: DictConfig, num_prompts: int, prompts_per_generation: int) -> int:
+    """TRL's `max_steps=-1`: the optimizer steps that `num_train_epochs` passes over the prompts take.
+
+    A generation batch draws `prompts_per_generation` prompts and is trained on for steps_per_generation x
+    num_iterations micro-batches; an epoch is the whole generation batches the dataset fills.
+    """
+    t, algo = cfg.trainer, cfg.algorithm
+    steps_per_generation = algo.steps_per_generation or t.gradient_accumulation_steps
+    micro_batches = num_prompts // prompts_per_generation * steps_per_generation * algo.num_iterations
+    steps_per_epoch = max(micro_batches // t.gradient_accumulation_steps, 1)
+    steps = math.ceil(t.num_train_epochs * steps_per_epoch)
+    log.info(
+        "trainer.max_steps=-1: %g epochs of %d prompts (%d optimizer steps each) make %d steps",
+        t.num_train_epochs, num_prompts, steps_per_epoch, steps,
+    )
+    return steps
+
+
+def outcome(run_dir: Path) -> str:
+    """The final reward and eval reward a finished run reports, in words."""
+    run = load_run(run_dir, run_dir)
+    said = [f"final reward {run.final_reward:.3f} (the last tenth of logged steps)"]
+    if not math.isnan(run.eval_reward):
+        said.append(f"eval reward {run.eval_reward:.3f}")
+    return ", ".join(said)
+
+
+class StopReason(enum.Enum):
+    """Why a run stops before max_steps, having saved a checkpoint to resume from."""
+
+    SIGINT = "SIGINT"
+    SIGTERM = "SIGTERM"
+    NON_FINITE_LOSSES = "non-finite losses"
 
 
 class StopRequest:
     """SIGINT or SIGTERM: finish the step under way, save a checkpoint and stop, instead of dying mid-step."""
 
     def __init__(self):
-        self.requested: str | None = None
+        self.reason: StopReason | None = None
         self.previous = {sig: signal.signal(sig, self._request) for sig in (signal.SIGINT, signal.SIGTERM)}
 
     def _request(self, signum, frame):
-        self.requested = signal.Signals(signum).name
+        self.reason = StopReason(signal.Signals(signum).name)
 
     def restore(self):
         for sig, handler in self.previous.items():
@@ -316,13 +434,86 @@ class StopRequest:
 
 
 @dataclass
+class TrainState:
+    """Everything a restart needs, in one place: a checkpoint is `state_dict()`, and resuming is
+    `load_state_dict()` of it, so that a resumed run goes on bit for bit as if it had never stopped."""
+
+    model: torch.nn.Module  # unwrapped
+    optimizer: torch.optim.Optimizer
+    scheduler: Any
+    sampler: PromptSampler
+    moving_reference: torch.nn.Module | None  # the reference model when algorithm.sync_ref_model moves it
+    replay: RolloutReplay | None
+    recorder: RolloutRecorder | None
+    config: dict  # the resolved config, to refuse a resume under other settings
+    accelerator: Accelerator  # which process this is, and how to gather every process's own parts
+    step: int = 0  # optimizer steps done
+    micro_step: int = 0  # micro-batches trained on so far
+    micro_batches: list[dict] = field(default_factory=list)  # the generation batch still being trained on
+    rollout_metrics: dict[str, float] = field(default_factory=dict)  # that batch's metrics
+    window: defaultdict[str, list[float]] = field(default_factory=lambda: defaultdict(list))  # since the last log
+
+    def state_dict(self) -> dict:
+        """The checkpoint; every process calls it, since it gathers what differs between processes."""
+        sharded = is_sharded(self.accelerator)  # then accelerator.save_state writes the model and optimizer
+        return {
+            "model": None if sharded else self.model.state_dict(),
+            "optimizer": None if sharded else self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "sampler": self.sampler.state(),
+            "reference": (  # gathered whole under FSDP2 and ZeRO-3
+                None if self.moving_reference is None else self.accelerator.get_state_dict(self.moving_reference)
+            ),
+            "replay_position": None if self.replay is None else self.replay.count,
+            "recorded": None if self.recorder is None else self.recorder.count,
+            "config": self.config,
+            "step": self.step,
+            "micro_step": self.micro_step,
+            "rollout_metrics": self.rollout_metrics,
+            "window": dict(self.window),
+            # Each process's own generation batch and random generators, by process index.
+            "processes": gather_object([{"micro_batches": to_cpu(self.micro_batches), "random": random_states()}]),
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        if len(state["processes"]) != self.accelerator.num_processes:
+            raise ConfigError(
+                f"The checkpoint was written by {len(state['processes'])} processes and this run has "
+                f"{self.accelerator.num_processes}: resume with as many processes, for the run to go on exactly."
+            )
+        own = state["processes"][self.accelerator.process_index]
+        if state["model"] is not None:  # otherwise accelerator.load_state has loaded them
+            self.model.load_state_dict(state["model"])
+            self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.sampler.restore(state["sampler"])
+        if self.moving_reference is not None:
+            load_whole_weights(self.accelerator, self.moving_reference, state["reference"])
+        if self.replay is not None:
+            self.replay.count = state["replay_position"]
+        if self.recorder is not None:
+            self.recorder.count = state["recorded"]
+        self.step, self.micro_step = state["step"], state["micro_step"]
+        device = self.accelerator.device
+        self.micro_batches = [{name: tensor.to(device) for name, tensor in batch.items()} for batch in own["micro_batches"]]
+        self.rollout_metrics = state["rollout_metrics"]
+        self.window.clear()
+        self.window.update(state["window"])
+        restore_random_states(own["random"])
+
+
+def to_cpu(micro_batches: list[dict]) -> list[dict]:
+    return [{name: tensor.cpu() for name, tensor in batch.items()} for batch in micro_batches]
+
+
+@dataclass
 class ReferenceQuantities:
     """What a micro-batch needs besides its own forward pass: old, reference and rollout-correction terms."""
 
     objective: Objective
+    policy_loss: PolicyLoss  # its log-probs are the trained ones, so old and reference log-probs come from it too
     reference: Callable | None  # the frozen reference model, when algorithm.beta > 0
     autocast: Callable  # the mixed-precision context the policy's forward passes run in
-    temperature: float
     off_policy: bool
 
     @property
@@ -334,16 +525,14 @@ class ReferenceQuantities:
         sampling = micro_batch.get("sampling_per_token_logps")
         corrected = sampling is not None and self.wants_sampling_logps
         if self.off_policy or corrected:
-            micro_batch["old_per_token_logps"], _ = per_token_logps_and_entropies(policy, micro_batch, self.temperature)
+            micro_batch["old_per_token_logps"], _ = self.policy_loss.logps(policy, micro_batch)
         if corrected:
             micro_batch["importance_sampling_ratio"] = self.objective.rollout_correction(
                 micro_batch["old_per_token_logps"], sampling, micro_batch["completion_mask"]
             )
         if self.reference is not None:
             with self.autocast():
-                micro_batch["ref_per_token_logps"], _ = per_token_logps_and_entropies(
-                    self.reference, micro_batch, self.temperature
-                )
+                micro_batch["ref_per_token_logps"], _ = self.policy_loss.logps(self.reference, micro_batch)
 
 
 @torch.no_grad()

@@ -3,13 +3,16 @@
 import errno
 import json
 import logging
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
 
 import grpo_kit
 from grpo_kit import checkpoint
-from grpo_kit.compatibility import ConfigError
+from grpo_kit.errors import ConfigError, InputFileError
 
 
 def tiny(tiny_model, *extra):
@@ -118,3 +121,107 @@ def test_full_disk_while_saving_keeps_the_previous_checkpoint(registry, tiny_mod
     kept = sorted((tmp_path / "run" / "checkpoints").iterdir())
     assert [path.name for path in kept] == ["step-000001"]
     assert (kept[0] / "state.pt").exists()
+
+
+def never_loaded(monkeypatch):
+    """Make loading a model fail the test: the error under test must come first."""
+    from grpo_kit import trainer
+
+    def load_model(*args, **kwargs):
+        raise AssertionError("the model was loaded before the bad input was found")
+
+    monkeypatch.setattr(trainer, "load_model", load_model)
+
+
+@pytest.mark.parametrize("setting, message", [
+    ("generation.temperature=0", r"generation.temperature=0.0 must be positive: .* Use 1.0 to sample"),
+    ("generation.temperature=-1", r"generation.temperature=-1.0 must be positive"),
+    ("generation.num_generations=0", r"generation.num_generations=0 must be at least 1: it is the number of comp"),
+    ("generation.max_completion_length=0", r"generation.max_completion_length=0 must be at least 1"),
+])
+def test_generation_settings_the_core_cannot_take(registry, setting, message):
+    with pytest.raises(ConfigError, match=message):
+        grpo_kit.compose(["+reward=accuracy", setting], registry)
+
+
+@pytest.mark.parametrize("setting, message", [
+    ("generation.top_p=0", r"generation.top_p=0.0 must lie in \(0, 1\]: .* Use 1.0 to turn it off"),
+    ("generation.top_p=1.5", r"generation.top_p=1.5 must lie in \(0, 1\]"),
+    ("generation.top_k=-1", r"generation.top_k=-1 must be a positive number of tokens .* or null"),
+    ("generation.min_p=1.5", r"generation.min_p=1.5 must lie in \[0, 1\]: .* Use null to turn it off"),
+    ("generation.repetition_penalty=0", r"generation.repetition_penalty=0.0 must be positive: 1.0 leaves"),
+])
+def test_sampling_settings_transformers_cannot_take_fail_before_the_model_loads(
+    registry, tiny_model, tmp_path, monkeypatch, setting, message
+):
+    never_loaded(monkeypatch)
+    cfg = grpo_kit.compose(tiny(tiny_model, setting), registry)
+    with pytest.raises(ConfigError, match=message):
+        grpo_kit.train(cfg, tmp_path / "run", registry)
+
+
+@pytest.mark.parametrize("steps", [0, -2])
+def test_max_steps_that_train_nothing(registry, steps):
+    with pytest.raises(ConfigError, match=rf"trainer.max_steps={steps} would train nothing: .* trainer.max_steps=-1"):
+        grpo_kit.compose(["+reward=accuracy", f"trainer.max_steps={steps}"], registry)
+
+
+def test_max_steps_minus_one_needs_epochs(registry):
+    assert grpo_kit.compose(["+reward=accuracy", "trainer.max_steps=-1"], registry).trainer.max_steps == -1
+    with pytest.raises(ConfigError, match=r"trainer.num_train_epochs=0.0: give a positive number of epochs"):
+        grpo_kit.compose(["+reward=accuracy", "trainer.max_steps=-1", "trainer.num_train_epochs=0"], registry)
+
+
+@pytest.mark.parametrize("path", ["./missing", "missing.jsonl", "data/train/missing", "~/no/such/prompts"])
+def test_a_local_data_path_that_does_not_exist_is_named(registry, tiny_model, tmp_path, monkeypatch, path):
+    never_loaded(monkeypatch)
+    monkeypatch.chdir(tmp_path)
+    cfg = grpo_kit.compose(tiny(tiny_model, f"data.path='{path}'"), registry)
+    with pytest.raises(InputFileError, match=rf"data.path={path} does not exist \(looked for /.*\). Give an existing"):
+        grpo_kit.train(cfg, tmp_path / "run", registry)
+
+
+def test_an_eval_path_that_does_not_exist_is_named(registry, tiny_model, tmp_path, monkeypatch):
+    never_loaded(monkeypatch)
+    cfg = grpo_kit.compose(tiny(tiny_model, f"eval.path={tmp_path}/eval.jsonl"), registry)
+    with pytest.raises(InputFileError, match=rf"path={tmp_path}/eval.jsonl does not exist"):
+        grpo_kit.train(cfg, tmp_path / "run", registry)
+
+
+@pytest.mark.parametrize("name, text, line", [
+    ("data.jsonl", '{"prompt": "1+1=", "solution": "2"}\n{"prompt": "2+2=", "solution": "4"\n{"prompt": "3"}\n', 2),
+    ("data.jsonl", '{"prompt": "1+1=", "solution": "2"}\n\n{"prompt": "2+2=", solution: "4"}\n', 3),
+    ("data.json", '[\n  {"prompt": "1+1=", "solution": "2"},\n  {"prompt": "2+2=" "solution": "4"}\n]\n', 3),
+])
+def test_a_malformed_json_line_is_named_by_file_and_line(registry, tiny_model, tmp_path, monkeypatch, name, text, line):
+    never_loaded(monkeypatch)
+    (tmp_path / name).write_text(text)
+    cfg = grpo_kit.compose(tiny(tiny_model, f"data.path={tmp_path / name}"), registry)
+    message = rf"data.path={tmp_path / name} could not be read: line {line} is not valid JSON \(.* column \d+\)"
+    with pytest.raises(InputFileError, match=message):
+        grpo_kit.train(cfg, tmp_path / "run", registry)
+
+
+def test_the_cli_says_which_line_of_a_jsonl_is_malformed_in_a_few_lines(tiny_model, tmp_path):
+    data = tmp_path / "data.jsonl"
+    data.write_text('{"prompt": "1+1=", "solution": "2"}\n{"prompt": "2+2=", "solution": "4"\n')
+    result = subprocess.run(
+        [sys.executable, "-m", "grpo_kit", "+reward=accuracy", f"model.name_or_path={tiny_model}", f"data.path={data}",
+         f"hydra.run.dir={tmp_path / 'run'}"],
+        capture_output=True, text=True, env={**os.environ, "HF_DATASETS_OFFLINE": "1"},
+    )
+    output = (result.stdout + result.stderr).strip().splitlines()
+    assert result.returncode != 0
+    assert f"{data} could not be read: line 2 is not valid JSON" in result.stdout + result.stderr
+    assert len(output) < 10, output
+
+
+def test_a_model_folder_without_config_json(registry, tmp_path, monkeypatch):
+    never_loaded(monkeypatch)
+    folder = tmp_path / "model"
+    folder.mkdir()
+    (folder / "tokenizer.json").write_text("{}")
+    cfg = grpo_kit.compose(["+reward=accuracy", f"model.name_or_path={folder}"], registry)
+    message = rf"model.name_or_path={folder} is not a saved model: .* not a folder with a config.json. Give the folder"
+    with pytest.raises(InputFileError, match=message):
+        grpo_kit.train(cfg, tmp_path / "run", registry)

@@ -9,9 +9,10 @@ from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 
 import grpo_kit
-from grpo_kit.config import DEFAULT_CHOICES, SINGLE_CHOICE_KINDS
-from grpo_kit.plugins import PluginError
-
+from grpo_kit.builders import build_rewards
+from grpo_kit.config import DEFAULT_CHOICES, SINGLE_CHOICE_KINDS, check_choices, with_presets
+from grpo_kit.errors import ConfigError, PluginError
+from grpo_kit.plugins import Registry, plugin_manager
 
 SET_BY_EMBEDDED_PRESET = {("generation", "num_generations"), ("generation", "max_completion_length")}
 
@@ -44,7 +45,7 @@ def test_defaults_and_default_loss(registry, caplog):
     with caplog.at_level("INFO"):
         cfg = grpo_kit.compose([], registry)
     assert cfg.loss.name == "dapo"
-    assert "No loss given: using dapo" in caplog.text
+    assert "loss: dapo, the default (choose another with +loss=NAME)" in caplog.text
     for kind, name in DEFAULT_CHOICES.items():
         assert cfg[kind].name == name
 
@@ -95,3 +96,136 @@ def test_cli_rejects_unknown_plugin_before_building_anything(tmp_path):
     assert result.returncode != 0
     assert "No loss plugin named 'nope' is installed (installed: bnpo, cispo, dapo, dr_grpo, " in result.stderr
     assert not (tmp_path / "run").exists()
+
+
+def test_the_default_loss_composes_as_if_named_and_takes_options(registry):
+    unnamed, named = grpo_kit.compose([], registry), grpo_kit.compose(["+loss=dapo"], registry)
+    assert OmegaConf.to_container(unnamed) == OmegaConf.to_container(named)
+    cfg = grpo_kit.compose(["loss.epsilon_high=0.28"], registry)
+    assert (cfg.loss.name, cfg.loss.epsilon_high) == ("dapo", 0.28)
+
+
+def test_a_loss_is_chosen_with_or_without_plus_in_runs_and_sweeps():
+    overrides = ["+loss=grpo,dapo", "+importance_sampling=sequence", "+reward=accuracy", "+reward@reward.b=python"]
+    assert with_presets(overrides) == ["loss=grpo,dapo", "importance_sampling=sequence", *overrides[2:]]
+
+
+def test_cli_prints_the_default_loss_with_its_options(tmp_path):
+    printed = subprocess.run(
+        [sys.executable, "-m", "grpo_kit", "+reward=accuracy", "loss.epsilon_high=0.28", "--cfg", "job"],
+        capture_output=True, text=True, check=True,
+    ).stdout
+    assert yaml.safe_load(printed)["loss"] == {"name": "dapo", "epsilon": 0.2, "epsilon_high": 0.28, "delta": None}
+
+
+def test_a_missing_default_loss_says_how_to_choose_one(monkeypatch):
+    monkeypatch.setenv("GRPO_KIT_DISABLE_PLUGINS", "loss:dapo")
+    registry = Registry(plugin_manager())
+    with pytest.raises(PluginError, match=r"No loss plugin selected, and the default 'dapo' is not installed: choose "
+                                          r"one with \+loss=NAME \(installed: bnpo, cispo, dr_grpo, "):
+        grpo_kit.compose([], registry)
+    assert grpo_kit.compose(["+loss=grpo"], registry).loss.name == "grpo"
+
+
+def test_unknown_top_level_key_is_rejected_with_the_closest_one(registry):
+    with pytest.raises(ConfigError, match=r"^\+hooks=dynamic_sampling: 'hooks' is not a setting of a grpo_kit run, so "
+                                          r"nothing would read it. Did you mean 'hook'\? The top-level keys are: "
+                                          r"advantage, algorithm, data, eval, experiment, generation, hook, hydra, "):
+        grpo_kit.compose(["+hooks=dynamic_sampling"], registry)
+    with pytest.raises(ConfigError, match=r"'rewards' is not a setting.*Did you mean 'reward'\?"):
+        check_choices(["+reward@rewards.brevity=python"], registry)
+    with pytest.raises(ConfigError, match=r"'sed' is not a setting.*Did you mean 'seed'\?"):
+        check_choices(["sed=3"], registry)
+
+
+def test_hydra_keys_and_preset_groups_are_top_level_keys(registry):
+    check_choices(["hydra.run.dir=out", "hydra/launcher=local_parallel", "~hydra.callbacks.report", "+experiment=dapo",
+                   "+sweep/losses=grpo", "model=hf", "data.path=x.jsonl", "+reward@reward.brevity=python"], registry)
+
+
+def test_cli_rejects_an_unknown_top_level_key_with_its_message_only(tmp_path):
+    result = subprocess.run(
+        [sys.executable, "-m", "grpo_kit", "+hooks=dynamic_sampling", "+reward=accuracy", f"hydra.run.dir={tmp_path}"],
+        capture_output=True, text=True,
+    )
+    assert result.returncode == 1
+    assert result.stderr.startswith("error: +hooks=dynamic_sampling: 'hooks' is not a setting of a grpo_kit run")
+    assert "Traceback" not in result.stderr and len(result.stderr.splitlines()) == 1
+
+
+NESTED_OPTIONS = """
+    from dataclasses import dataclass, field
+    import grpo_kit
+
+    @dataclass
+    class Schedule:
+        start: float = 0.1
+        stop: float = 0.2
+
+    @dataclass
+    class ScheduledConfig(grpo_kit.RewardConfig):
+        schedule: Schedule = field(default_factory=Schedule)
+
+    class Scheduled:
+        def __init__(self, config):
+            self.config = config
+
+        def __call__(self, prompts, completions, completion_ids, **columns):
+            return [self.config.schedule.stop] * len(completions)
+
+    @grpo_kit.hookimpl
+    def register_rewards(register):
+        register("scheduled", Scheduled, ScheduledConfig)
+"""
+
+
+def test_nested_dataclass_options_reach_the_plugin_as_dataclasses(local_plugin):
+    module = local_plugin("nested_options", NESTED_OPTIONS)
+    registry = Registry(plugin_manager(local_modules=[module]))
+    cfg = grpo_kit.compose(["+reward=scheduled", "reward.scheduled.schedule.stop=0.5"], registry)
+    config = build_rewards(cfg, registry)[0]["scheduled"].config
+    schedule_class = type(registry.get("reward", "scheduled").config().schedule)
+    assert config.schedule == schedule_class(start=0.1, stop=0.5)
+
+
+def test_a_plugin_is_placed_under_a_key_of_its_own(registry, local_plugin):
+    module = local_plugin("two_functions", """
+        def brevity(prompts, completions, completion_ids, **columns):
+            return [-len(text) for text in completions]
+
+        def scaled_length(prompts, completions, completion_ids, scale, **columns):
+            return [scale * len(text) for text in completions]
+    """)
+    cfg = grpo_kit.compose([
+        "+reward@reward.brevity=python", f"reward.brevity.function={module}:brevity", "reward.brevity.weight=0.5",
+        "+reward@reward.length=python", f"reward.length.function={module}:scaled_length",
+        "reward.length.kwargs={scale:3}", "+reward=accuracy",
+    ], registry)
+    assert [(key, node.name) for key, node in cfg.reward.items()] == [
+        ("brevity", "python"), ("length", "python"), ("accuracy", "accuracy")
+    ]
+    functions, weights = build_rewards(cfg, registry)
+    assert list(functions) == ["brevity", "length", "accuracy"] and weights.tolist() == [0.5, 1.0, 1.0]
+    assert functions["brevity"](["p"], ["abcd"], [[1]]) == [-4]
+    assert functions["length"](["p"], ["abcd"], [[1]]) == [12]
+
+
+def test_an_option_without_a_default_is_named_when_not_set(local_plugin):
+    module = local_plugin("required_option", """
+        from dataclasses import dataclass
+        import grpo_kit
+        from grpo_kit_advantages.group import GroupAdvantage
+
+        @dataclass
+        class ScaleConfig:
+            scale: float
+
+        @grpo_kit.hookimpl
+        def register_advantages(register):
+            register("scaled", GroupAdvantage, ScaleConfig)
+    """)
+    registry = Registry(plugin_manager(local_modules=[module]))
+    cfg = grpo_kit.compose(["advantage=scaled"], registry)
+    with pytest.raises(ConfigError, match=r"The advantage plugin 'scaled' \(local module required_option\) needs its "
+                                          r"option scale, which has no default: set it with advantage.scale=VALUE"):
+        grpo_kit.build_advantage(cfg, registry)

@@ -1,6 +1,7 @@
 """The README's main command, exactly as a user runs it: it must learn the embedded task."""
 
 import json
+import os
 import subprocess
 import sys
 
@@ -45,3 +46,20 @@ def test_a_lora_run_learns_the_embedded_task(tmp_path):
     eval_rewards = [line["eval/reward"] for line in evaluated if "eval/reward" in line]
     print(f"LoRA: mean reward {first:.3f} in the first tenth of steps, {last:.3f} in the last; eval {eval_rewards}")
     assert last >= first + 0.1 and eval_rewards[-1] >= 0.33  # the untrained policy scores about 0.25
+
+
+@pytest.mark.slow
+def test_two_processes_learn_the_embedded_task_as_one_does(tmp_path):
+    """The main command as two processes (gloo here), each with half of one process's batch per step."""
+    run_dir = tmp_path / "run"
+    launch = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2"]
+    subprocess.run(
+        [*launch, "-m", "grpo_kit", "+loss=dapo", "+reward=accuracy", "trainer.per_device_train_batch_size=64",
+         "trainer.progress_bar=false", f"hydra.run.dir={run_dir}"],
+        check=True,
+        stdout=subprocess.DEVNULL,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+    first, last = tenths(run_dir / "metrics.jsonl")
+    print(f"2 processes: mean reward {first:.3f} in the first tenth of steps, {last:.3f} in the last")
+    assert last >= 0.5 and last >= first + 0.3

@@ -9,8 +9,8 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
 import grpo_kit
-from grpo_kit.compatibility import ConfigError
 from grpo_kit.config import LoraConfig, ModelConfig
+from grpo_kit.errors import ConfigError
 from grpo_kit.modeling import load_model
 from grpo_kit.testing import build_tiny_model, tiny_run
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import grpo_kit
-from grpo_kit.compatibility import ConfigError
+from grpo_kit.errors import ConfigError
 from grpo_kit.objective import high_entropy_mask, off_policy_mask
 
 MASK = torch.tensor([[1, 1, 0], [1, 1, 1]])

@@ -1,9 +1,16 @@
 """Discovery: entry points, local modules, the block list, and the errors a plugin author meets."""
 
 import importlib.metadata
+from dataclasses import dataclass, field
+
 import pytest
 
-from grpo_kit.plugins import PluginError, Registry, plugin_manager
+import grpo_kit
+from grpo_kit.errors import PluginError
+from grpo_kit.hookspecs import hookimpl
+from grpo_kit.plugins import Registry, plugin_manager
+from grpo_kit.testing import tiny_run
+from grpo_kit.testing.contracts import HookContract
 
 BUILT_INS = {
     "loss": {"grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "luspo", "vespo"},
@@ -159,3 +166,141 @@ def test_entry_point_that_fails_to_import_names_itself_its_distribution_and_the_
         r"ModuleNotFoundError\(\"No module named 'mylab_missing'\"\)",
     ):
         plugin_manager(local_modules=[])
+
+
+def test_blocking_kind_and_name_blocks_that_kind_only(local_plugin, monkeypatch):
+    module = local_plugin("dapo_advantage", """
+        import grpo_kit
+        from grpo_kit_advantages.group import GroupAdvantage
+
+        @grpo_kit.hookimpl
+        def register_advantages(register):
+            register("dapo", GroupAdvantage)
+    """)
+    monkeypatch.setenv("GRPO_KIT_DISABLE_PLUGINS", "loss:dapo")
+    registry = Registry(plugin_manager(local_modules=[module]))
+    assert "dapo" not in registry.names("loss") and "dapo" in registry.names("advantage")
+    monkeypatch.setenv("GRPO_KIT_DISABLE_PLUGINS", "dapo")
+    registry = Registry(plugin_manager(local_modules=[module]))
+    assert "dapo" not in registry.names("loss") and "dapo" not in registry.names("advantage")
+
+
+def test_blocking_an_unknown_kind_is_named(monkeypatch):
+    monkeypatch.setenv("GRPO_KIT_DISABLE_PLUGINS", "losses:dapo")
+    with pytest.raises(PluginError, match=r"GRPO_KIT_DISABLE_PLUGINS holds 'losses:dapo', which is neither NAME .* "
+                                          r"KIND:NAME with KIND one of loss, importance_sampling, "):
+        plugin_manager()
+
+
+HOOK_PLUGINS = """
+    import grpo_kit
+
+    class Unmarked:
+        def __init__(self, config):
+            pass
+
+        def on_step_end(self, run, step, metrics):
+            raise AssertionError("never called")
+
+    class Misspelt:
+        def __init__(self, config):
+            pass
+
+        @grpo_kit.hookimpl
+        def on_step_ended(self, run, step, metrics):
+            pass
+
+    class WrongArguments:
+        def __init__(self, config):
+            pass
+
+        @grpo_kit.hookimpl
+        def on_log(self, run, step, metrics, extra):
+            pass
+
+    class Marked:
+        def __init__(self, config):
+            pass
+
+        @grpo_kit.hookimpl
+        def on_log(self, run, step, metrics):
+            pass
+
+    @grpo_kit.hookimpl
+    def register_hooks(register):
+        for hook in (Unmarked, Misspelt, WrongArguments, Marked):
+            register(hook.__name__.lower(), hook)
+"""
+
+
+@pytest.fixture
+def hook_registry(local_plugin):
+    return Registry(plugin_manager(local_modules=[local_plugin("hook_plugins", HOOK_PLUGINS)]))
+
+
+def test_hook_method_without_hookimpl_fails_when_built(hook_registry):
+    with pytest.raises(PluginError, match=r"^The hook plugin 'unmarked' \(hook_plugins.Unmarked, from local module "
+                                          r"hook_plugins\) does not mark its method 'on_step_end' with "
+                                          r"@grpo_kit.hookimpl, so the run would never call it"):
+        hook_registry.build("hook", "unmarked", {})
+
+
+def test_hook_method_that_is_no_hook_names_the_hooks(hook_registry):
+    with pytest.raises(PluginError, match=r"'misspelt' \(hook_plugins.Misspelt.*has a method 'on_step_ended', which is "
+                                          r"no grpo_kit hook: rename it to one of on_advantages, on_log, "):
+        hook_registry.build("hook", "misspelt", {})
+    with pytest.raises(PluginError, match=r"'wrongarguments'.*does not fit grpo_kit's hooks: .*extra"):
+        hook_registry.build("hook", "wrongarguments", {})
+    hook_registry.build("hook", "marked", {})
+
+
+def test_run_with_an_unmarked_hook_fails_before_the_model_loads(hook_registry, tiny_model, tmp_path):
+    cfg = grpo_kit.compose(tiny_run(tiny_model, "+reward=accuracy", "+hook=[marked,unmarked]"), hook_registry)
+    with pytest.raises(PluginError, match="'unmarked'.*does not mark its method 'on_step_end'"):
+        grpo_kit.train(cfg, tmp_path / "run", hook_registry)
+    assert not (tmp_path / "run" / "config.yaml").exists()
+
+
+@dataclass
+class Window:
+    size: int = 4
+
+
+@dataclass
+class WindowedConfig:
+    window: Window = field(default_factory=Window)
+
+
+class Windowed:
+    def __init__(self, config: WindowedConfig):
+        assert isinstance(config.window, Window), "a nested option reached the plugin as a dict"
+
+    @hookimpl
+    def on_log(self, run, step, metrics):
+        pass
+
+
+class TestNestedOptionsInTheConformanceKit(HookContract):
+    """The kit's round trip composes the config as a run does, so a nested dataclass comes back as one."""
+
+    implementation = Windowed
+    config = WindowedConfig
+    options = {"window": Window(size=8)}
+
+
+def test_a_config_field_called_name_is_refused(local_plugin):
+    module = local_plugin("named_field", """
+        from dataclasses import dataclass
+        import grpo_kit
+
+        @dataclass
+        class LabelConfig(grpo_kit.RewardConfig):
+            name: str = "mine"
+
+        @grpo_kit.hookimpl
+        def register_rewards(register):
+            register("label", lambda **kwargs: [], LabelConfig)
+    """)
+    with pytest.raises(PluginError, match=r"reward plugin 'label' .*its config LabelConfig has a field `name`, which "
+                                          r"the core's `reward.name` \(the plugin's name\) would hide"):
+        Registry(plugin_manager(local_modules=[module]))

@@ -44,37 +44,99 @@ def weights(run_dir):
     return load_file(run_dir / "model" / "model.safetensors")
 
 
+CHILD_TIMEOUT_S = 300  # generous: a few tiny steps take seconds, but the CPU may be shared with other tests
+
+
+class ChildRun:
+    """A run in a child process. Its stdout and stderr go to files beside `run_dir`, so that a child that dies
+    or hangs fails the test with what it printed, instead of the test waiting forever."""
+
+    def __init__(self, args, env, run_dir):
+        self.stdout = run_dir.with_name(f"{run_dir.name}.stdout")
+        self.stderr = run_dir.with_name(f"{run_dir.name}.stderr")
+        with self.stdout.open("w") as stdout, self.stderr.open("w") as stderr:
+            self.process = subprocess.Popen(args, env=env, stdout=stdout, stderr=stderr, text=True)
+
+    def wait_for(self, path, timeout=CHILD_TIMEOUT_S):
+        deadline = time.monotonic() + timeout
+        while not path.exists():
+            if self.process.poll() is not None:
+                self.fail(f"the run exited with code {self.process.returncode} before writing {path}")
+            if time.monotonic() > deadline:
+                self.fail(f"the run wrote no {path} in {timeout} s")
+            time.sleep(0.01)
+
+    def finish(self, timeout=CHILD_TIMEOUT_S) -> str:
+        """Wait for the child to exit; its stdout."""
+        try:
+            self.process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.fail(f"the run did not exit in {timeout} s")
+        return self.stdout.read_text()
+
+    def fail(self, reason):
+        self.process.kill()
+        self.process.wait()
+        pytest.fail(f"{reason}.\n--- its stdout ---\n{self.stdout.read_text()}\n--- its stderr ---\n"
+                    f"{self.stderr.read_text()}", pytrace=False)
+
+
+ONE_BATCH_A_STEP = ("algorithm.steps_per_generation=1", "algorithm.num_iterations=1")
+
+
 @pytest.mark.slow
-def test_killed_and_resumed_run_ends_bit_for_bit_like_an_unbroken_one(tiny_model, tmp_path, env):
+@pytest.mark.parametrize(
+    "setting",
+    [
+        "default",
+        # The reference moves every 2 steps and the batches generated after it take their log-probs from it.
+        "moving-reference",
+        # The replayed batch and the recorded file go on from the checkpoint's positions.
+        "replay",
+    ],
+)
+def test_killed_and_resumed_run_ends_bit_for_bit_like_an_unbroken_one(tiny_model, tmp_path, env, setting):
+    extra = {
+        "default": (),
+        "moving-reference": (
+            "algorithm.beta=0.04", "algorithm.sync_ref_model=true", "algorithm.ref_model_sync_steps=2",
+            *ONE_BATCH_A_STEP,
+        ),
+        "replay": (f"rollouts.replay={tmp_path / 'recorded'}", "rollouts.save=true", *ONE_BATCH_A_STEP),
+    }[setting]
+    if setting == "replay":
+        subprocess.run(command(tiny_model, tmp_path / "recorded", "rollouts.save=true", *ONE_BATCH_A_STEP), env=env,
+                       check=True, capture_output=True, timeout=CHILD_TIMEOUT_S)
     unbroken, broken = tmp_path / "unbroken", tmp_path / "broken"
-    subprocess.run(command(tiny_model, unbroken), env=env, check=True, capture_output=True)
+    subprocess.run(command(tiny_model, unbroken, *extra), env=env, check=True, capture_output=True,
+                   timeout=CHILD_TIMEOUT_S)
 
     kill_after = random.randint(1, 6)
-    process = subprocess.Popen(command(tiny_model, broken), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    checkpoint = broken / "checkpoints" / f"step-{kill_after:06d}"
-    while not checkpoint.exists() and process.poll() is None:
-        time.sleep(0.01)
-    process.send_signal(signal.SIGKILL)
-    process.wait()
+    child = ChildRun(command(tiny_model, broken, *extra), env, broken)
+    child.wait_for(broken / "checkpoints" / f"step-{kill_after:06d}")
+    child.process.send_signal(signal.SIGKILL)
+    child.finish()
     assert not (broken / "model").exists(), "the run finished before it could be killed"
 
-    subprocess.run(command(tiny_model, broken), env=env, check=True, capture_output=True)
+    subprocess.run(command(tiny_model, broken, *extra), env=env, check=True, capture_output=True,
+                   timeout=CHILD_TIMEOUT_S)
     ours, theirs = weights(broken), weights(unbroken)
     assert ours.keys() == theirs.keys()
     assert all(torch.equal(ours[name], theirs[name]) for name in ours), f"differs after a kill at step {kill_after}"
     steps = [line for line in (broken / "metrics.jsonl").read_text().splitlines()]
     assert len(steps) == 8
+    if setting == "replay":
+        recorded = [sorted(p.name for p in (d / "rollouts").glob("*.pt")) for d in (broken, unbroken)]
+        assert recorded[0] == recorded[1] == [f"{i:06d}.pt" for i in range(1, 9)]
 
 
 def test_sigterm_finishes_the_step_saves_and_stops(tiny_model, tmp_path, env):
     run_dir = tmp_path / "run"
-    process = subprocess.Popen(command(tiny_model, run_dir, "trainer.max_steps=1000"), env=env,
-                               stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-    while not (run_dir / "checkpoints" / "step-000002").exists():
-        time.sleep(0.01)
-    process.send_signal(signal.SIGTERM)
-    stdout, _ = process.communicate(timeout=60)
-    assert process.returncode == 0
+    child = ChildRun(command(tiny_model, run_dir, "trainer.max_steps=1000"), env, run_dir)
+    child.wait_for(run_dir / "checkpoints" / "step-000002")
+    child.process.send_signal(signal.SIGTERM)
+    stdout = child.finish()
+    assert child.process.returncode == 0
     assert "Stopped by SIGTERM" in stdout
     saved = sorted((run_dir / "checkpoints").glob("step-*"))
     assert len(saved) == 2  # save_total_limit
@@ -84,13 +146,13 @@ def test_sigterm_finishes_the_step_saves_and_stops(tiny_model, tmp_path, env):
 
 def test_resuming_with_changed_settings_is_refused_with_the_differences(registry, tiny_model, tmp_path):
     import grpo_kit
-    from grpo_kit.compatibility import ConfigError
+    from grpo_kit.errors import ConfigError
 
     base = ["+loss=dapo", "+reward=accuracy", f"model.name_or_path={tiny_model}", "generation.num_generations=4",
             "trainer.per_device_train_batch_size=8", "trainer.max_steps=2", "trainer.progress_bar=false"]
     grpo_kit.train(grpo_kit.compose(base, registry), tmp_path, registry)
     changed = grpo_kit.compose([*base, "trainer.resume=auto", "trainer.max_steps=3", "loss.epsilon=0.3"], registry)
-    with pytest.raises(ConfigError, match=r"loss.epsilon: 0.2 -> 0.3\n.*trainer.resume_force=true"):
+    with pytest.raises(ConfigError, match=r"loss.epsilon: 0.2 -> 0.3\n.*trainer.max_steps: 2 -> 3 .*\n.*trainer.resume_force=true"):
         grpo_kit.train(changed, tmp_path, registry)
     forced = grpo_kit.compose([*base, "trainer.resume=auto", "trainer.max_steps=3", "loss.epsilon=0.3",
                                "trainer.resume_force=true"], registry)

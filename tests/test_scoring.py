@@ -9,8 +9,9 @@ import time
 import pytest
 import torch
 
-from grpo_kit.plugins import PluginError, Registry, plugin_manager
-from grpo_kit.scoring import RewardError, Scorer
+from grpo_kit.errors import PluginError, RewardError
+from grpo_kit.plugins import Registry, plugin_manager
+from grpo_kit.scoring import Scorer
 
 PROMPTS = ["1+1=", "1+2=", "2+2="]
 COMPLETIONS = ["2", "4", "4"]

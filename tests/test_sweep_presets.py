@@ -12,7 +12,6 @@ from pathlib import Path
 import hydra
 import pytest
 import yaml
-from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 
 import grpo_kit
@@ -67,9 +66,8 @@ def test_an_experiment_is_changed_without_plus(registry):
     assert (cfg.loss.name, cfg.loss.epsilon_high) == ("grpo", 0.3)
     cfg = grpo_kit.compose(["+experiment=dapo", "~hook@hook.dynamic_sampling", "+reward=accuracy"], registry)
     assert not cfg.hook
-    # `+loss=` adds a second loss to the one the experiment chose: Hydra says to override it instead.
-    with pytest.raises(ConfigCompositionException, match="Multiple values for loss"):
-        grpo_kit.compose(["+experiment=dapo", "+loss=grpo"], registry)
+    # `+loss=`, as users type it, replaces the experiment's loss too.
+    assert grpo_kit.compose(["+experiment=dapo", "+loss=grpo"], registry).loss.name == "grpo"
 
 
 def test_all_losses_sweeps_every_loss_at_its_papers_level(registry):

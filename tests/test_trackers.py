@@ -11,7 +11,7 @@ from accelerate.state import AcceleratorState, GradientState
 from omegaconf import OmegaConf
 
 import grpo_kit
-from grpo_kit.compatibility import ConfigError
+from grpo_kit.errors import ConfigError
 from grpo_kit.pipeline import Run
 from grpo_kit.trackers import PROJECT, TrackerLogger, check_trackers, flat_config
 

@@ -7,6 +7,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 import grpo_kit
+from grpo_kit.errors import ConfigError
 from grpo_kit.plugins import Registry, plugin_manager
 from grpo_kit.testing import tiny_run
 
@@ -67,7 +68,7 @@ def test_batch_not_divisible_by_group_size_fails_before_loading(registry, tmp_pa
 def test_an_existing_run_is_never_overwritten(registry, tiny_model, tmp_path):
     (tmp_path / "metrics.jsonl").write_text('{"step": 1}\n')
     cfg = grpo_kit.compose(run(tiny_model), registry)
-    with pytest.raises(FileExistsError, match="already holds a run"):
+    with pytest.raises(ConfigError, match="already holds a run that trained 1 step"):
         grpo_kit.train(cfg, tmp_path, registry)
     assert (tmp_path / "metrics.jsonl").read_text() == '{"step": 1}\n'
 
@@ -156,8 +157,8 @@ def test_a_reward_that_raises_does_not_stop_the_run(local_plugin, tiny_model, tm
     assert "the judge is down" in caplog.text
 
 
+@pytest.mark.usefixtures("trl")
 def test_trl_reward_functions_by_import_path_train(registry, tiny_model, tmp_path):
-    pytest.importorskip("trl.rewards")
     cfg = grpo_kit.compose(
         run(
             tiny_model,

@@ -1,32 +1,32 @@
-"""grpo_kit's objective and advantages against TRL 1.16.0's own code, on random inputs (skipped without trl).
+"""grpo_kit's objective, rollout correction and advantages against TRL 1.16.0's own code, on random inputs.
+
+The tests take the `trl` fixture (conftest.py): without trl==1.16.0 they skip, or fail under GRPO_KIT_REQUIRE_TRL=1.
 
 TRL's loss is `GRPOTrainer._compute_loss`; it is called here unbound, on a stand-in for the trainer that holds
-just the settings it reads and hands back our per-token log-probs as the model's. TRL computes advantages inline
-in `_generate_and_score_completions`, so that block of its source is run as it is.
+just the settings it reads and hands back our per-token log-probs as the model's. TRL computes the rollout
+correction ratio and the advantages inline in `_generate_and_score_completions` (`RLOOTrainer`'s for rloo), so
+that whole method is called the same way, on a stand-in whose generation, forward pass and reward functions
+return the tensors under test.
 """
 
-import inspect
 import itertools
-import textwrap
+import math
 import types
 from collections import defaultdict
 
 import pytest
 import torch
+from accelerate import Accelerator
 from omegaconf import open_dict
 
 import grpo_kit
-
-trl_grpo = pytest.importorskip("trl.trainer.grpo_trainer")
-pytestmark = pytest.mark.skipif(
-    pytest.importorskip("trl").__version__ != "1.16.0", reason="compares against TRL 1.16.0 exactly"
-)
-from accelerate import Accelerator  # noqa: E402
 
 LOSSES = ["grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "luspo", "vespo"]
 CORRECTIONS = ["none", "token_truncate", "token_mask", "sequence_truncate", "sequence_mask"]
 LENGTHS = [6, 3, 1, 5]  # active tokens of each completion; T = 6
 MAX_COMPLETION_LENGTH = 8
+PAD_TOKEN_ID, COMPLETION_TOKEN_ID = 0, 1
+ACCELERATOR = Accelerator(cpu=True)  # one process; shared by every stand-in, as building one costs milliseconds
 
 
 def random_batch(seed: int):
@@ -50,7 +50,115 @@ def random_batch(seed: int):
     return logps, entropies, batch
 
 
-def trl_trainer(cfg, accumulation: int, correction: bool) -> types.SimpleNamespace:
+# ------------------------------------------------------------------------- TRL's generation-batch scoring ---
+
+
+def scoring_stand_in(rewards_per_func, completion_mask, old_per_token_logps, generated, **settings):
+    """The trainer that TRL's `_generate_and_score_completions` reads, on one CPU process: `generated` is its
+    `_generate`, the policy's forward pass returns `old_per_token_logps`, the reward functions `rewards_per_func`.
+    `settings` override the defaults: TRL's advantage defaults, no vLLM, no KL, one step per generation."""
+    size, num_rewards = rewards_per_func.shape
+    if old_per_token_logps is None:
+        old_per_token_logps = torch.zeros(completion_mask.shape)
+    defaults = dict(
+        accelerator=ACCELERATOR,
+        model=types.SimpleNamespace(training=True, is_gradient_checkpointing=False),
+        args=types.SimpleNamespace(
+            per_device_train_batch_size=size,
+            steps_per_generation=1,
+            gradient_accumulation_steps=1,
+            gradient_checkpointing_kwargs=None,
+        ),
+        num_iterations=1,
+        environment_factories=None,
+        environments=None,
+        tools=None,
+        _generate=generated,
+        _tokenizer=types.SimpleNamespace(pad_token_id=PAD_TOKEN_ID),
+        pad_to_multiple_of=None,
+        mask_truncated_completions=False,
+        use_vllm=False,
+        vllm_importance_sampling_correction=False,
+        beta=0.0,
+        _get_per_token_logps_and_entropies=lambda *args, **kwargs: (old_per_token_logps, None, None),
+        _calculate_rewards=lambda *args: rewards_per_func,
+        num_generations=size,
+        scale_rewards="group",
+        multi_objective_aggregation="sum_then_normalize",
+        reward_weights=torch.ones(num_rewards),
+        reward_funcs=[None] * num_rewards,
+        reward_func_names=[f"reward_{index}" for index in range(num_rewards)],
+        _metrics=defaultdict(lambda: defaultdict(list)),
+        _logs={"prompt": [], "completion": [], "rewards": defaultdict(list), "advantages": [], "extra": {}},
+        _pending_extra_logs={},
+        _pending_metrics={},
+        log_multimodal=False,
+    )
+    return types.SimpleNamespace(**(defaults | settings))
+
+
+def completion_token_ids(completion_mask) -> list[list[int]]:
+    return [[COMPLETION_TOKEN_ID] * length for length in completion_mask.sum(dim=1).tolist()]
+
+
+def scored_by(trainer_class, stand_in, completion_mask) -> dict:
+    size = completion_mask.shape[0]
+    output = trainer_class._generate_and_score_completions(stand_in, [{"prompt": "1+2="}] * size)
+    # TRL rebuilds the mask from the generated lengths: it must be the mask under test.
+    assert torch.equal(output["completion_mask"], completion_mask.long())
+    return output
+
+
+def trl_grpo_scored(trl, rewards_per_func, completion_mask, old_per_token_logps=None,
+                    sampling_per_token_logps=None, **settings) -> dict:
+    """TRL's GRPO generation batch: its advantages and, when the sampler's log-probs are given, its ratio."""
+    size = completion_mask.shape[0]
+    ids = completion_token_ids(completion_mask)
+    sampling = None
+    if sampling_per_token_logps is not None:  # as vLLM reports them: a list per completion, None where unscored
+        sampling = [[None if math.isnan(value) else value for value in row[: len(completion)]]
+                    for row, completion in zip(sampling_per_token_logps.tolist(), ids)]
+
+    def generated(prompts):
+        return [[5, 6]] * size, ids, None, ["completion"] * size, sampling, {}, None, None
+
+    stand_in = scoring_stand_in(rewards_per_func, completion_mask, old_per_token_logps, generated, **settings)
+    return scored_by(trl.GRPOTrainer, stand_in, completion_mask)
+
+
+def trl_rloo_scored(trl, rewards_per_func, completion_mask, **settings) -> dict:
+    size = completion_mask.shape[0]
+    ids = completion_token_ids(completion_mask)
+
+    def generated(prompts):
+        return [[5, 6]] * size, ids, ["completion"] * size
+
+    stand_in = scoring_stand_in(rewards_per_func, completion_mask, None, generated, **settings)
+    return scored_by(trl.RLOOTrainer, stand_in, completion_mask)
+
+
+def trl_correction_ratio(trl, correction, old_per_token_logps, sampling_per_token_logps, completion_mask):
+    """TRL's importance-sampling ratio for our `rollout_correction` config node (not `none`)."""
+    size = completion_mask.shape[0]
+    output = trl_grpo_scored(
+        trl,
+        torch.zeros(size, 1),  # the advantages are not looked at here
+        completion_mask,
+        old_per_token_logps,
+        sampling_per_token_logps,
+        use_vllm=True,
+        vllm_importance_sampling_correction=True,
+        vllm_importance_sampling_mode=correction.name,
+        vllm_importance_sampling_clip_min=correction.min,
+        vllm_importance_sampling_clip_max=correction.max,
+    )
+    return output["importance_sampling_ratio"]
+
+
+# ------------------------------------------------------------------------------------------------ the loss ---
+
+
+def trl_trainer(trl, cfg, accumulation: int, correction: bool) -> types.SimpleNamespace:
     """The settings TRL's `_compute_loss` reads, taken from our composed config."""
     loss, algo = cfg.loss, cfg.algorithm
     args = types.SimpleNamespace(
@@ -84,18 +192,18 @@ def trl_trainer(cfg, accumulation: int, correction: bool) -> types.SimpleNamespa
         current_gradient_accumulation_steps=accumulation,
         max_completion_length=MAX_COMPLETION_LENGTH,
         model=types.SimpleNamespace(training=True),
-        accelerator=Accelerator(cpu=True),
+        accelerator=ACCELERATOR,
         _metrics=defaultdict(lambda: defaultdict(list)),
-        get_off_policy_mask=trl_grpo.GRPOTrainer.get_off_policy_mask,
-        get_gamma_weights=trl_grpo.GRPOTrainer.get_gamma_weights,
+        get_off_policy_mask=trl.GRPOTrainer.get_off_policy_mask,
+        get_gamma_weights=trl.GRPOTrainer.get_gamma_weights,
     )
-    trainer.get_high_entropy_mask = types.MethodType(trl_grpo.GRPOTrainer.get_high_entropy_mask, trainer)
+    trainer.get_high_entropy_mask = types.MethodType(trl.GRPOTrainer.get_high_entropy_mask, trainer)
     return trainer
 
 
-def trl_loss(trainer, logps, entropies, batch):
+def trl_loss(trl, trainer, logps, entropies, batch):
     trainer._get_per_token_logps_and_entropies = lambda *args, **kwargs: (logps, entropies, None)
-    return trl_grpo.GRPOTrainer._compute_loss(trainer, None, batch)
+    return trl.GRPOTrainer._compute_loss(trainer, None, batch)
 
 
 # What our metric names are in TRL's log (they are the same names).
@@ -132,7 +240,9 @@ def settings():
 @pytest.mark.parametrize("correction", CORRECTIONS)
 @pytest.mark.parametrize("level", ["token", "sequence"])
 @pytest.mark.parametrize("loss", LOSSES)
-def test_loss_and_gradient_equal_trl(registry, loss, level, correction):
+def test_loss_and_gradient_equal_trl(registry, trl, loss, level, correction):
+    """Each side's loss gets its own rollout-correction ratio: ours from `objective.rollout_correction`, TRL's
+    from its generation-batch scoring."""
     if loss == "vespo" and correction.startswith("sequence"):
         pytest.skip("TRL and grpo_kit both reject vespo with a sequence-level correction")
     base = grpo_kit.compose([f"+loss={loss}", f"importance_sampling={level}", f"rollout_correction={correction}"], registry)
@@ -149,28 +259,32 @@ def test_loss_and_gradient_equal_trl(registry, loss, level, correction):
                 cfg.loss.epsilon_high = 0.28 if seed % 2 else None
         objective = grpo_kit.build_objective(cfg, registry)
         logps, entropies, batch = random_batch(seed)
-        ratio = objective.rollout_correction(
-            batch["old_per_token_logps"], batch["sampling_per_token_logps"], batch["completion_mask"]
-        )
-        if ratio is not None:
-            batch["importance_sampling_ratio"] = ratio
+        old, sampling, mask = batch["old_per_token_logps"], batch["sampling_per_token_logps"], batch["completion_mask"]
+        ours_batch, theirs_batch = dict(batch), dict(batch)
+        ratio = objective.rollout_correction(old, sampling, mask)
+        corrected = ratio is not None
+        assert corrected == (correction != "none")
+        if corrected:
+            ours_batch["importance_sampling_ratio"] = ratio
+            theirs_batch["importance_sampling_ratio"] = trl_correction_ratio(trl, cfg.rollout_correction, old,
+                                                                             sampling, mask)
 
         ours_logps = logps.clone().requires_grad_()
         ours_entropies = entropies.clone().requires_grad_(setting["entropy_coef"] != 0.0)
         ours = objective(
             ours_logps,
             ours_entropies,
-            batch,
+            ours_batch,
             gradient_accumulation_steps=setting["accumulation"],
             steps_per_generation=setting["steps_per_generation"],
             num_processes=1,
         )
         ours.loss.backward()
 
-        trainer = trl_trainer(cfg, setting["accumulation"], correction=ratio is not None)
+        trainer = trl_trainer(trl, cfg, setting["accumulation"], correction=corrected)
         theirs_logps = logps.clone().requires_grad_()
         theirs_entropies = entropies.clone().requires_grad_(setting["entropy_coef"] != 0.0)
-        theirs = trl_loss(trainer, theirs_logps, theirs_entropies, dict(batch))
+        theirs = trl_loss(trl, trainer, theirs_logps, theirs_entropies, theirs_batch)
         theirs.backward()
 
         where = f"{loss}/{level}/{correction} with {setting}"
@@ -185,22 +299,71 @@ def test_loss_and_gradient_equal_trl(registry, loss, level, correction):
                 )
 
 
-def trl_advantages(rewards_per_func, weights, num_generations, scale_rewards, aggregation):
-    """Run the advantage block of TRL's `_generate_and_score_completions` as it is written there."""
-    source = textwrap.dedent(inspect.getsource(trl_grpo.GRPOTrainer._generate_and_score_completions))
-    start = source.rindex("\n", 0, source.index("unscorable_mask = torch.isnan")) + 1
-    end = source.rindex("\n", 0, source.index("advantages = torch.nan_to_num(advantages, nan=0.0)")) + 1
-    block = textwrap.dedent(source[start:end]) + "advantages = torch.nan_to_num(advantages, nan=0.0)\n"
-    trainer = types.SimpleNamespace(
-        multi_objective_aggregation=aggregation,
-        scale_rewards=scale_rewards,
-        reward_weights=weights,
-        reward_funcs=[None] * rewards_per_func.shape[1],
-    )
-    scope = {"torch": torch, "nanstd": trl_grpo.nanstd, "self": trainer, "rewards_per_func": rewards_per_func,
-             "num_generations": num_generations, "device": "cpu"}
-    exec(block, scope)
-    return scope["advantages"]
+# ------------------------------------------------------------------------------------ rollout correction ---
+
+
+def correction_inputs():
+    """Old and sampler log-probs far enough apart that ratios fall outside every bound tested, one token the
+    sampler could not score (NaN, as vLLM reports it), and completions of different lengths."""
+    generator = torch.Generator().manual_seed(0)
+    lengths = [6, 2, 1, 4, 6, 3, 5, 6] * 2
+    mask = (torch.arange(max(lengths)).unsqueeze(0) < torch.tensor(lengths).unsqueeze(1)).int()
+    old = -torch.rand(mask.shape, generator=generator) * 2 - 0.05
+    sampling = old + 0.8 * torch.randn(mask.shape, generator=generator)
+    sampling[4, 2] = float("nan")
+    return old, sampling, mask
+
+
+BOUNDS = [(None, 3.0), (0.5, 2.0), (0.8, None), (None, None)]
+
+
+@pytest.mark.parametrize(("low", "high"), BOUNDS, ids=[f"min={low},max={high}" for low, high in BOUNDS])
+@pytest.mark.parametrize("correction", CORRECTIONS[1:])
+def test_rollout_correction_ratio_equals_trl(registry, trl, correction, low, high):
+    if correction.endswith("truncate") and low is None and high is None:
+        pytest.skip("TRL and grpo_kit both refuse a truncation with neither bound")
+    bounds = [f"rollout_correction.min={'null' if low is None else low}",
+              f"rollout_correction.max={'null' if high is None else high}"]
+    cfg = grpo_kit.compose([f"rollout_correction={correction}", *bounds], registry)
+    old, sampling, mask = correction_inputs()
+    ours = grpo_kit.build_objective(cfg, registry).rollout_correction(old, sampling, mask)
+    theirs = trl_correction_ratio(trl, cfg.rollout_correction, old, sampling, mask)
+    torch.testing.assert_close(ours, theirs, atol=1e-6, rtol=1e-6)
+    active = theirs if correction.startswith("sequence") else theirs[mask.bool()]
+    if correction.endswith("mask") and (low, high) != (None, None):
+        assert (active == 0).any(), "the inputs should put some ratio outside the bounds"
+    for bound in (low, high) if correction.endswith("truncate") else ():
+        if bound is not None:
+            assert (active == bound).any(), f"the inputs should put some ratio beyond {bound}"
+
+
+def test_rollout_correction_bounds_default_to_trls(registry, trl):
+    fields = trl.GRPOConfig.__dataclass_fields__
+    for correction in CORRECTIONS[1:]:
+        ours = grpo_kit.compose([f"rollout_correction={correction}"], registry).rollout_correction
+        assert ours.min == fields["vllm_importance_sampling_clip_min"].default
+        assert ours.max == fields["vllm_importance_sampling_clip_max"].default
+
+
+# ---------------------------------------------------------------------------------------------- advantages ---
+
+
+def reward_matrices():
+    """(rewards, weights, num_generations): integer rewards (ties), an unscorable completion, a reward with no
+    opinion, a group with equal rewards, and a group with a single scorable completion."""
+    generator = torch.Generator().manual_seed(0)
+    for num_generations, num_rewards in [(4, 1), (4, 3), (8, 2)]:
+        rewards = torch.randint(0, 3, (num_generations * 6, num_rewards), generator=generator).float()
+        rewards[3] = float("nan")  # a completion no reward could score
+        rewards[5, 0] = float("nan")  # one reward with no opinion
+        rewards[num_generations : 2 * num_generations] = 1.0  # a group with equal rewards
+        rewards[2 * num_generations + 1 : 3 * num_generations] = float("nan")  # one scorable completion in its group
+        weights = torch.rand(num_rewards, generator=generator) + 0.5
+        yield rewards, weights, num_generations
+
+
+def all_active(rewards) -> torch.Tensor:
+    return torch.ones(rewards.shape[0], 2, dtype=torch.int)
 
 
 @pytest.mark.parametrize(
@@ -212,15 +375,35 @@ def trl_advantages(rewards_per_func, weights, num_generations, scale_rewards, ag
         ("gdpo", "group", "normalize_then_sum"),
     ],
 )
-def test_advantages_equal_trl(registry, estimator, scale_rewards, aggregation):
+def test_advantages_equal_trl(registry, trl, estimator, scale_rewards, aggregation):
     advantage = grpo_kit.build_advantage(grpo_kit.compose([f"advantage={estimator}"], registry), registry)
-    generator = torch.Generator().manual_seed(0)
-    for num_generations, num_rewards in [(4, 1), (4, 3), (8, 2)]:
-        rewards = torch.randint(0, 3, (num_generations * 6, num_rewards), generator=generator).float()
-        rewards[3] = float("nan")  # a completion no reward could score
-        rewards[5, 0] = float("nan")  # one reward with no opinion
-        rewards[num_generations : 2 * num_generations] = 1.0  # a group with equal rewards
-        weights = torch.rand(num_rewards, generator=generator) + 0.5
+    for rewards, weights, num_generations in reward_matrices():
         ours = advantage(rewards, weights, num_generations)
-        theirs = trl_advantages(rewards, weights, num_generations, scale_rewards, aggregation)
+        theirs = trl_grpo_scored(
+            trl,
+            rewards,
+            all_active(rewards),
+            num_generations=num_generations,
+            reward_weights=weights,
+            scale_rewards=scale_rewards,
+            multi_objective_aggregation=aggregation,
+        )["advantages"]
+        torch.testing.assert_close(ours, theirs, atol=1e-5, rtol=1e-5)
+
+
+def test_rloo_advantages_equal_trls_rloo_trainer(registry, trl):
+    """TRL has leave-one-out advantages in its RLOOTrainer; with its defaults `normalize_advantages=False` and no
+    reward clipping, and `beta=0` (RLOOTrainer puts the KL penalty into the reward, grpo_kit into the loss)."""
+    advantage = grpo_kit.build_advantage(grpo_kit.compose(["advantage=rloo"], registry), registry)
+    for rewards, weights, num_generations in reward_matrices():
+        ours = advantage(rewards, weights, num_generations)
+        theirs = trl_rloo_scored(
+            trl,
+            rewards,
+            all_active(rewards),
+            num_generations=num_generations,
+            reward_weights=weights,
+            normalize_advantages=False,
+            reward_clip_range=None,
+        )["advantages"]
         torch.testing.assert_close(ours, theirs, atol=1e-5, rtol=1e-5)

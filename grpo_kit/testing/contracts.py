@@ -22,6 +22,7 @@ The suites check what the core relies on; a plugin's own tests check its formula
 """
 
 import asyncio
+import copy
 import dataclasses
 import inspect
 import math
@@ -33,11 +34,12 @@ from typing import Any, ClassVar
 
 import pytest
 import torch
-from omegaconf import OmegaConf, SCMode
+from omegaconf import OmegaConf
 
+from grpo_kit.config import hydra_composition, options
 from grpo_kit.hookspecs import hookimpl
 from grpo_kit.inventory import split_distribution
-from grpo_kit.kinds import KINDS, Completions, LossInputs, Reduction
+from grpo_kit.kinds import KINDS, MULTI_CHOICE_KINDS, Completions, GenerationConfig, LossInputs, Reduction
 from grpo_kit.plugins import REGISTER_HOOK_OF_KIND, Plugin, Registry, plugin_manager
 
 __all__ = [
@@ -139,12 +141,20 @@ class PluginContract:
     # --- the contract every kind shares ---
 
     def test_config_round_trips_through_hydra(self, contract_case, plugin_config):
-        """The config is stored in Hydra's ConfigStore and comes back from the command line: every field must be
-        a type OmegaConf can hold, and reading the config back must give the same values."""
-        node = OmegaConf.structured(plugin_config)
-        # resolve=False: a default such as ${generation.max_completion_length} only resolves inside a run.
-        back = OmegaConf.to_container(node, resolve=False, structured_config_mode=SCMode.INSTANTIATE)
-        assert back == plugin_config, f"{contract_case}: {plugin_config} came back from OmegaConf as {back}"
+        """The config takes a run's way: stored in Hydra's ConfigStore, composed with `+KIND=NAME`, set as the
+        command line sets it, read with `grpo_kit.config.options` and typed by the registry. Every field must be a
+        type OmegaConf can hold, and the plugin must be built with the values set, nested dataclasses included."""
+        kind, name = contract_case.kind, contract_case.name
+        cfg = hydra_composition([f"+{kind}={name}"], contract_case.registry)
+        if cfg.generation is None:  # a run always has a backend, whose options a default may interpolate
+            cfg.generation = OmegaConf.structured(GenerationConfig)
+        node = cfg[kind][name] if kind in MULTI_CHOICE_KINDS else cfg[kind]
+        node.merge_with(OmegaConf.to_container(OmegaConf.structured(plugin_config), resolve=False))
+        back = contract_case.registry.config_instance(kind, name, options(node))
+        # A default such as ${generation.max_completion_length} comes back resolved against the run's config.
+        interpolated = {key: getattr(back, key) for key in node if OmegaConf.is_interpolation(node, key)}
+        expected = dataclasses.replace(plugin_config, **interpolated)
+        assert back == expected, f"{contract_case}: {expected} came back from a composed run as {back}"
 
 
 def _registry_of_one(kind: str, name: str, implementation, config) -> Registry:
@@ -700,8 +710,60 @@ class GenerationContract(PluginContract):
         active = logps[out.completion_mask.bool()]
         assert torch.isfinite(active).all() and (active <= 1e-5).all(), f"log-probs of sampled tokens: {active}"
 
-    def test_takes_new_weights(self, started, model_and_tokenizer):
-        started.update_weights(model_and_tokenizer[0])  # called after every optimizer step
+    def test_takes_new_weights(self, contract_case, plugin_config, model_and_tokenizer):
+        """After `update_weights(model)`, completions come from the model's new weights. An optimizer step changes
+        them in place; here every parameter moves. With top_k=1 any backend decodes greedily, so its completions
+        must be those the model itself decodes greedily: with the old weights before, with the new ones after."""
+        from accelerate import Accelerator
+
+        model = copy.deepcopy(model_and_tokenizer[0])  # changed below: the class's other tests keep the original
+        tokenizer = model_and_tokenizer[1]
+        prompt_ids = [tokenizer(p, add_special_tokens=False).input_ids for p in dict.fromkeys(self.prompts)]
+        limit = plugin_config.max_completion_length
+        greedy = contract_case.registry.build(
+            contract_case.kind, contract_case.name, dataclasses.replace(plugin_config, top_k=1)
+        )
+        greedy.start(model, tokenizer, Accelerator(cpu=True))
+        try:
+            old = _greedy_completions(model, tokenizer, prompt_ids, limit)
+            assert _completion_tokens(greedy.generate(prompt_ids)) == old, (
+                f"with top_k=1, completions should be the model's greedy ones: {old}"
+            )
+            with torch.no_grad():
+                generator = torch.Generator().manual_seed(0)
+                for parameter in model.parameters():
+                    parameter.add_(torch.randn(parameter.shape, generator=generator).to(parameter))
+            new = _greedy_completions(model, tokenizer, prompt_ids, limit)
+            assert new != old, "changing every weight should change the greedy completions of this test's prompts"
+            greedy.update_weights(model)
+            assert _completion_tokens(greedy.generate(prompt_ids)) == new, (
+                f"after update_weights, completions should follow the new weights ({new}), not the old ({old})"
+            )
+        finally:
+            greedy.close()
+
+
+def _greedy_completions(model, tokenizer, prompt_ids, max_completion_length) -> list[list[int]]:
+    """The model's own greedy completions (transformers' generate, one prompt at a time), up to the first EOS."""
+    completions = []
+    for ids in prompt_ids:
+        out = model.generate(
+            torch.tensor([ids], device=model.device),
+            do_sample=False,
+            max_new_tokens=max_completion_length,
+            pad_token_id=tokenizer.pad_token_id,
+            eos_token_id=tokenizer.eos_token_id,
+        )
+        completion = out[0, len(ids) :].tolist()
+        if tokenizer.eos_token_id in completion:
+            completion = completion[: completion.index(tokenizer.eos_token_id) + 1]
+        completions.append(completion)
+    return completions
+
+
+def _completion_tokens(completions: Completions) -> list[list[int]]:
+    """Each completion's active tokens."""
+    return [ids[mask.bool()].tolist() for ids, mask in zip(completions.completion_ids, completions.completion_mask)]
 
 
 # --------------------------------------------------------------------------------------------------- hook ---

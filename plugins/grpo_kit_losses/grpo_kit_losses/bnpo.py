@@ -10,6 +10,7 @@ from grpo_kit_losses.token_sums import SUMS_TOKENS_ADVICE
 
 
 class BNPO(ClippedSurrogate):
+    liger_loss_type = "bnpo"
     importance_sampling_level = "token"
     importance_sampling_advice = SUMS_TOKENS_ADVICE
 

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 import torch
 
+from grpo_kit.kinds import LigerLoss
 from grpo_kit.reductions import global_token_mean, masked_mean
 from grpo_kit_losses.token_sums import SUMS_TOKENS_ADVICE
 
@@ -36,3 +37,6 @@ class CISPO:
 
     def reduce(self, per_token_loss, mask, reduction):
         return global_token_mean(per_token_loss, mask, reduction)
+
+    def liger_loss(self):
+        return LigerLoss("cispo", {"epsilon_high": self.epsilon_high}, per_micro_batch=False)

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
+from grpo_kit.kinds import LigerLoss
 from grpo_kit.reductions import masked_mean, per_sequence_mean
 
 
@@ -25,6 +26,9 @@ class ClippedSurrogate:
     importance_sampling_advice = ""
     rollout_correction_levels = None
     consumes_rollout_ratio = False
+    # liger-kernel's loss_type for this reduction of the surrogate (model.logits=liger); None: Liger has none.
+    liger_loss_type: str | None = None
+    liger_per_micro_batch = True  # False: Liger normalises by the generation batch's tokens, as `reduce` does
 
     def __init__(self, config: ClippedConfig):
         self.epsilon_low = config.epsilon
@@ -50,6 +54,12 @@ class ClippedSurrogate:
             "clip_ratio/high_max": _nan_reduce(per_sequence_mean(high, mask), torch.max),
         }
         return per_token_loss, metrics
+
+    def liger_loss(self) -> LigerLoss | None:
+        if self.liger_loss_type is None:
+            return None
+        options = {"epsilon_low": self.epsilon_low, "epsilon_high": self.epsilon_high, "delta": self.delta}
+        return LigerLoss(self.liger_loss_type, options, per_micro_batch=self.liger_per_micro_batch)
 
 
 def _nan_reduce(values: torch.Tensor, reduce) -> torch.Tensor:

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 import torch
 
+from grpo_kit.kinds import LigerLoss
 from grpo_kit.reductions import sequence_mean
 
 
@@ -35,3 +36,7 @@ class SAPO:
 
     def reduce(self, per_token_loss, mask, reduction):
         return sequence_mean(per_token_loss, mask, reduction)
+
+    def liger_loss(self):
+        temperatures = {"sapo_temperature_pos": self.temperature_pos, "sapo_temperature_neg": self.temperature_neg}
+        return LigerLoss("sapo", temperatures)

@@ -11,8 +11,8 @@ from dataclasses import dataclass
 
 import torch
 
+from grpo_kit.kinds import LigerLoss
 from grpo_kit.reductions import global_token_mean
-from grpo_kit_losses.token_sums import SUMS_TOKENS_ADVICE
 
 LOG_MIN_WEIGHT = math.log(1e-8)  # the paper's floor on w, applied in log space
 LOG_MAX_WEIGHT = 20.0
@@ -58,3 +58,13 @@ class VESPO:
 
     def reduce(self, per_token_loss, mask, reduction):
         return global_token_mean(per_token_loss, mask, reduction)
+
+    def liger_loss(self):
+        c = self.config
+        options = {
+            "vespo_k_pos": c.k_pos,
+            "vespo_lambda_pos": c.lambda_pos,
+            "vespo_k_neg": c.k_neg,
+            "vespo_lambda_neg": c.lambda_neg,
+        }
+        return LigerLoss("vespo", options, per_micro_batch=False)  # Liger's vespo folds in the correction, as here

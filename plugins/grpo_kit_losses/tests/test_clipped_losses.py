@@ -5,14 +5,13 @@ import math
 import pytest
 import torch
 
+from grpo_kit.testing import loss_inputs, reduction
 from grpo_kit_losses.bnpo import BNPO
 from grpo_kit_losses.clipped import ClippedConfig
 from grpo_kit_losses.dapo import DAPO
 from grpo_kit_losses.dr_grpo import DrGRPO
 from grpo_kit_losses.grpo import GRPO
 from grpo_kit_losses.luspo import LUSPO
-from grpo_kit.testing import loss_inputs, reduction
-
 
 # Two sequences: ratios exp(log_w) = [1.5, 0.5, 1.0 | 1.1, 0.7, pad], advantages +1 and -1.
 LOG_WEIGHTS = torch.log(torch.tensor([[1.5, 0.5, 1.0], [1.1, 0.7, 9.0]]))

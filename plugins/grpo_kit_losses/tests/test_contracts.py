@@ -1,7 +1,5 @@
 """Every built-in loss against the conformance kit (grpo_kit.testing.contracts)."""
 
-import pytest
-
 from grpo_kit.testing.contracts import LossContract, assert_contracts_cover
 
 CLIPPED_METRICS = (

@@ -47,7 +47,7 @@ class SoftOverlongConfig(RewardConfig):
 
 @dataclass
 class PythonFunctionConfig(RewardConfig):
-    function: str | None = None  # "package.module:function"; required
+    function: str | None = None  # "package.module:function"; required. Several: +reward@reward.KEY=python each
     # Dicts typed Any so that free keys can be given: reward.python.kwargs={target:3}
     kwargs: Any = None  # added to every call
     factory_kwargs: Any = None  # set: `function` is a factory, called once with these to make the reward

@@ -1,5 +1,8 @@
 """python: any reward function named by import path, `reward.python.function=package.module:function`.
 
+Several functions are several python rewards, each under its own key, its metric name:
+`+reward@reward.brevity=python reward.brevity.function=mylab.rewards:brevity`.
+
 The function is called with TRL's reward arguments (https://huggingface.co/docs/trl/grpo_trainer, "Using a custom
 reward function") plus the keyword arguments in `reward.python.kwargs`, so a TRL reward function such as
 `trl.rewards:think_format_reward` works as it is. A path naming a factory, like TRL's
@@ -32,22 +35,25 @@ class PythonFunction:
 def _imported(path: str | None):
     if not path:
         raise ValueError(
-            "reward.python.function is not set: name the reward function by import path, "
-            "e.g. reward.python.function=mylab.rewards:brevity"
+            "A python reward's function is not set: name the reward function by import path, e.g. "
+            "reward.python.function=mylab.rewards:brevity (reward.KEY.function=... for a python reward placed with "
+            "+reward@reward.KEY=python)."
         )
     module_name, _, attribute = path.partition(":") if ":" in path else path.rpartition(".")
     if not module_name or not attribute:
-        raise ValueError(f"reward.python.function={path} is not an import path: write it as package.module:function.")
+        raise ValueError(
+            f"The python reward's function={path} is not an import path: write it as package.module:function."
+        )
     try:
         module = importlib.import_module(module_name)
     except ImportError as error:
         raise ValueError(
-            f"reward.python.function={path}: module {module_name!r} cannot be imported ({error}). Is it installed, "
-            "or on PYTHONPATH?"
+            f"The python reward's function={path}: module {module_name!r} cannot be imported ({error}). Is it "
+            "installed, or on PYTHONPATH?"
         ) from error
     if not hasattr(module, attribute):
-        raise ValueError(f"reward.python.function={path}: module {module_name!r} has no attribute {attribute!r}.")
+        raise ValueError(f"The python reward's function={path}: module {module_name!r} has no attribute {attribute!r}.")
     target = getattr(module, attribute)
     if not callable(target):
-        raise ValueError(f"reward.python.function={path} names a {type(target).__name__}, not a function.")
+        raise ValueError(f"The python reward's function={path} names a {type(target).__name__}, not a function.")
     return target

@@ -1,8 +1,11 @@
 import asyncio
+import json
 
 import pytest
 
+import grpo_kit
 from grpo_kit.scoring import Scorer
+from grpo_kit.testing import tiny_run
 from grpo_kit_rewards.configs import PythonFunctionConfig
 from grpo_kit_rewards.python_function import PythonFunction
 
@@ -65,7 +68,7 @@ def test_cpu_heavy_as_declared_or_as_configured(user_module):
 @pytest.mark.parametrize(
     ("function", "message"),
     [
-        (None, "reward.python.function is not set"),
+        (None, "A python reward.s function is not set"),
         ("brevity", "is not an import path: write it as package.module:function"),
         ("not_a_module_xyz:f", "module 'not_a_module_xyz' cannot be imported"),
         ("user_rewards:missing", "module 'user_rewards' has no attribute 'missing'"),
@@ -80,3 +83,20 @@ def test_bad_paths_are_named(user_module, function, message):
 def test_async_target_called_directly_returns_a_coroutine(user_module):
     reward = python_reward(function=f"{user_module}:remote_judge")
     assert asyncio.run(reward(["q"], ["a"], [[0]])) == [0.5]
+
+
+def test_two_functions_in_one_run_each_with_its_weight_and_kwargs(user_module, tiny_model, registry, tmp_path):
+    overrides = tiny_run(
+        tiny_model,
+        "+reward@reward.brevity=python", f"reward.brevity.function={user_module}:brevity",
+        "reward.brevity.weight=0.5", "reward.brevity.kwargs={target:1}",
+        "+reward@reward.constant=python", f"reward.constant.function={user_module}:make_constant",
+        "reward.constant.factory_kwargs={value:0.25}",
+    )
+    grpo_kit.train(grpo_kit.compose(overrides, registry), tmp_path, registry)
+    steps = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    steps = [metrics for metrics in steps if "reward" in metrics]  # not the lines of evaluations only
+    assert len(steps) == 3
+    for metrics in steps:
+        assert metrics["rewards/brevity/mean"] <= 0 and metrics["rewards/constant/mean"] == 0.25
+        assert metrics["reward"] == pytest.approx(0.5 * metrics["rewards/brevity/mean"] + 0.25, abs=1e-5)

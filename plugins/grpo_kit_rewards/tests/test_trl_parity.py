@@ -1,4 +1,7 @@
-"""TRL's own reward functions, run through the `python` reward by import path, score as the built-ins do."""
+"""TRL's own reward functions, run through the `python` reward by import path, score as the built-ins do.
+
+The `trl` fixture (conftest.py) skips them without trl==1.16.0, or fails them under GRPO_KIT_REQUIRE_TRL=1.
+"""
 
 import pytest
 
@@ -19,7 +22,7 @@ from grpo_kit_rewards.repetition_penalty import RepetitionPenalty
 from grpo_kit_rewards.soft_overlong import SoftOverlong
 from grpo_kit_rewards.think_format import think_format
 
-pytest.importorskip("trl")
+pytestmark = pytest.mark.usefixtures("trl")
 
 
 def chat(text: str) -> list[dict]:

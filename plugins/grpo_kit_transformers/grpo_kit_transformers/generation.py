@@ -3,16 +3,24 @@
 Nothing has to be pushed after an optimizer step: the generator samples from the very weights being trained. A
 LoRA policy may instead generate from a merged copy (`generation.merge_lora=true`), whose weights are refreshed
 after every optimizer step: generation then costs what the plain model costs, for one more copy in memory.
+
+Every process generates for its own prompts. Where FSDP or DeepSpeed ZeRO-3 split the weights between processes,
+`generate` needs them whole: ZeRO-3's are gathered around the call (TRL's `ds3_gather_for_generation`), FSDP1's
+root is summoned, and FSDP2 gathers each layer in that layer's own forward pass. Those gathers are collective, so
+processes whose completions have all ended keep stepping until every process is done (`synced_gpus`).
 """
 
+import contextlib
 import copy
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 import transformers
+from accelerate.utils import DistributedType
 
 from grpo_kit import Completions, GenerationConfig
+from grpo_kit.errors import ConfigError
 from grpo_kit.lora import has_adapters, merged_copy, refresh_merged_copy
 
 
@@ -21,6 +29,32 @@ class TransformersGenerationConfig(GenerationConfig):
     cache_implementation: str | None = None  # e.g. "static"; None: transformers' dynamic KV cache
     generation_kwargs: Any = None  # a dict of any other GenerationConfig fields, applied last
     merge_lora: bool = False  # generate from a copy with the LoRA adapters merged into the weights
+    # DeepSpeed ZeRO-3 only: gather the whole model for generation (fast); false gathers layer by layer, for a model
+    # too big for one device's memory (slow). TRL's option of the same name.
+    ds3_gather_for_generation: bool = True
+
+    def __post_init__(self):
+        # transformers would refuse these only inside the first generate call, after the model has loaded.
+        if not 0 < self.top_p <= 1:
+            raise ConfigError(
+                f"generation.top_p={self.top_p} must lie in (0, 1]: it samples from the most likely tokens whose "
+                "probabilities add up to top_p. Use 1.0 to turn it off, or 0.95, say."
+            )
+        if self.top_k is not None and self.top_k < 0:
+            raise ConfigError(
+                f"generation.top_k={self.top_k} must be a positive number of tokens to sample from, or null (or 0) "
+                "to turn top-k filtering off."
+            )
+        if self.min_p is not None and not 0 <= self.min_p <= 1:
+            raise ConfigError(
+                f"generation.min_p={self.min_p} must lie in [0, 1]: it drops the tokens less likely than min_p times "
+                "the most likely one. Use null to turn it off, or 0.05, say."
+            )
+        if self.repetition_penalty <= 0:
+            raise ConfigError(
+                f"generation.repetition_penalty={self.repetition_penalty} must be positive: 1.0 leaves the "
+                "probabilities as they are, and values above 1 (1.1, say) discourage repeated tokens."
+            )
 
 
 class TransformersGeneration:
@@ -34,7 +68,15 @@ class TransformersGeneration:
             unwrapped = accelerator.unwrap_model(model)
             if not has_adapters(unwrapped):
                 raise ValueError("generation.merge_lora=true merges LoRA adapters: turn on model.lora.enabled=true.")
+            if is_sharded(accelerator):
+                raise ValueError(
+                    "generation.merge_lora=true keeps a whole merged copy of the model on every process, which FSDP "
+                    "and DeepSpeed ZeRO-3 split between processes: leave it off (generation then reads the sharded "
+                    "LoRA policy itself), or train with DDP or ZeRO-2."
+                )
             self.merged = merged_copy(unwrapped)
+        # Where weights are sharded, a forward pass may gather them: a collective every process must join.
+        self.synced_gpus = is_sharded(accelerator) and accelerator.num_processes > 1
         self.generation_config = transformers.GenerationConfig(
             max_new_tokens=self.config.max_completion_length,
             do_sample=True,
@@ -61,7 +103,12 @@ class TransformersGeneration:
         prompts = prompts.to(self.accelerator.device)
         model = self.accelerator.unwrap_model(self.model) if self.merged is None else self.merged
         config = self.generation_config_with_scores if with_logprobs else self.generation_config
-        out = model.generate(**prompts, generation_config=config)
+        kwargs = dict(**prompts, generation_config=config, synced_gpus=self.synced_gpus)
+        with self.whole_weights():
+            if self.accelerator.is_fsdp2 and has_adapters(model):
+                out = inside_root_forward(model, model.generate, **kwargs)
+            else:
+                out = model.generate(**kwargs)
         completion_ids = out.sequences[:, prompts["input_ids"].shape[1] :]  # (N, T)
 
         is_eos = completion_ids == self.tokenizer.eos_token_id
@@ -77,9 +124,50 @@ class TransformersGeneration:
             sampling_logps = sampling_logps.masked_fill(completion_mask == 0, 0.0)
         return Completions(completion_ids, completion_mask, ~has_eos, sampling_per_token_logps=sampling_logps)
 
+    def whole_weights(self):
+        """A context in which `generate` sees the whole weights, as accelerate's FSDP and DeepSpeed leave them."""
+        state = self.accelerator.state
+        if state.distributed_type == DistributedType.DEEPSPEED and state.deepspeed_plugin.zero_stage == 3:
+            import deepspeed
+
+            return deepspeed.zero.GatheredParameters(
+                self.model.parameters(), enabled=self.config.ds3_gather_for_generation
+            )
+        if state.distributed_type == DistributedType.FSDP and state.fsdp_plugin.fsdp_version == 1:
+            from torch.distributed.fsdp import FullyShardedDataParallel
+
+            return FullyShardedDataParallel.summon_full_params(self.model, recurse=False)
+        return contextlib.nullcontext()  # DDP, ZeRO-1/2: whole weights on every process; FSDP2: see the docstring
+
     def update_weights(self, model):
         if self.merged is not None:  # otherwise generation reads the trained model directly
             refresh_merged_copy(self.accelerator.unwrap_model(model), self.merged)
 
     def close(self):
         pass
+
+
+def is_sharded(accelerator) -> bool:
+    """Whether accelerate splits the weights themselves between processes (FSDP, DeepSpeed ZeRO-3)."""
+    state = accelerator.state
+    if state.distributed_type == DistributedType.DEEPSPEED:
+        return state.deepspeed_plugin.zero_stage == 3
+    return state.distributed_type == DistributedType.FSDP
+
+
+def inside_root_forward(root: torch.nn.Module, method, **kwargs):
+    """`method(**kwargs)` run as the forward pass of `root`, so that the hooks around it run around `method`.
+
+    PEFT's `generate` calls the base model below the PEFT model, which FSDP2 made its root: FSDP2 gathers a layer's
+    weights only within a forward pass of its root module.
+    """
+
+    def forward(*_, **__):
+        del root.forward  # the class's own forward again, for any call inside `method`
+        return method(**kwargs)
+
+    root.forward = forward
+    try:
+        return root()
+    finally:
+        root.__dict__.pop("forward", None)

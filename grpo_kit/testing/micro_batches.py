@@ -1,0 +1,56 @@
+"""Micro-batches of random tokens for a policy loss, and its loss and gradients, for tests of the logits paths."""
+
+import torch
+
+
+def random_micro_batch(
+    vocab_size: int, batch_size: int = 4, prompt_length: int = 3, length: int = 6, seed: int = 0
+) -> dict[str, torch.Tensor]:
+    """A micro-batch as the trainer hands it to PolicyLoss: left-padded prompts, right-padded completions (one of
+    them padded from its second token), advantages of both signs, and a generation batch twice its size."""
+    generator = torch.Generator().manual_seed(seed)
+    prompt_mask = torch.ones(batch_size, prompt_length, dtype=torch.long)
+    prompt_mask[-1, 0] = 0
+    lengths = torch.randint(1, length + 1, (batch_size,), generator=generator)
+    lengths[0], lengths[-1] = length, min(2, length)
+    completion_mask = (torch.arange(length) < lengths.unsqueeze(1)).long()
+    return {
+        "prompt_ids": torch.randint(vocab_size, (batch_size, prompt_length), generator=generator),
+        "prompt_mask": prompt_mask,
+        "completion_ids": torch.randint(vocab_size, (batch_size, length), generator=generator),
+        "completion_mask": completion_mask,
+        "advantages": torch.randn(batch_size, generator=generator),
+        "num_items_in_batch": completion_mask.sum() * 2,
+    }
+
+
+def add_reference_quantities(
+    micro_batch: dict[str, torch.Tensor],
+    per_token_logps: torch.Tensor,  # (B, T): the policy's log-probs, which the quantities stray from
+    old: bool = False,
+    ref: bool = False,
+    ratio_level: str | None = None,  # "token" or "sequence": a rollout-correction ratio of that shape
+    seed: int = 1,
+) -> dict[str, torch.Tensor]:
+    """The micro-batch with off-policy old log-probs, reference log-probs, a rollout-correction ratio."""
+    generator = torch.Generator().manual_seed(seed)
+    shape = per_token_logps.shape
+    batch = dict(micro_batch)
+    if old:
+        batch["old_per_token_logps"] = per_token_logps + 0.2 * torch.randn(shape, generator=generator)
+    if ref:
+        batch["ref_per_token_logps"] = per_token_logps + 0.2 * torch.randn(shape, generator=generator)
+    if ratio_level is not None:
+        ratio_shape = shape if ratio_level == "token" else (shape[0], 1)
+        batch["importance_sampling_ratio"] = torch.rand(ratio_shape, generator=generator) * 1.5 + 0.5
+    return batch
+
+
+def loss_and_gradients(policy_loss, model: torch.nn.Module, micro_batch, **reduction):
+    """policy_loss's loss, every trainable parameter's gradient (by name) and the metrics, on a zeroed model."""
+    model.zero_grad(set_to_none=True)
+    reduction = {"gradient_accumulation_steps": 2, "steps_per_generation": 2, "num_processes": 1} | reduction
+    out = policy_loss(model, micro_batch, **reduction)
+    out.loss.backward()
+    grads = {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
+    return out.loss.detach(), grads, out.metrics

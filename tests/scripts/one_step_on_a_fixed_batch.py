@@ -1,0 +1,83 @@
+"""One optimizer step of every loss on a fixed generation batch, taken by however many processes run this.
+
+    python one_step_on_a_fixed_batch.py MODEL_DIR OUT_DIR              # one process: the whole batch
+    torchrun --nproc_per_node 2 one_step_on_a_fixed_batch.py MODEL OUT  # two processes: half the batch each
+
+Every process builds the same batch of 16 completions from a fixed seed and trains on its own share, through the
+trainer's own pieces (PolicyLoss, ReferenceQuantities, Optimization); the main process saves the parameters
+after the step as OUT_DIR/LOSS.pt. tests/test_processes.py compares one process's with two processes'.
+"""
+
+import sys
+from pathlib import Path
+
+import torch
+
+import grpo_kit
+from grpo_kit.modeling import load_model, load_reference_model
+from grpo_kit.policy_loss import PolicyLoss
+from grpo_kit.testing import tiny_run
+from grpo_kit.trainer import Optimization, ReferenceQuantities, build_accelerator
+
+LOSSES = ["grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "luspo", "vespo"]
+COMPLETIONS, PROMPT_LENGTH, COMPLETION_LENGTH = 16, 5, 7
+# beta > 0 (a reference model), two passes over each batch (old log-probs), and a rollout correction.
+SETTINGS = ["algorithm.beta=0.04", "algorithm.num_iterations=2", "rollout_correction=token_truncate",
+            "trainer.learning_rate=1e-3"]
+
+
+def fixed_batch(vocab_size: int) -> dict[str, torch.Tensor]:
+    rng = torch.Generator().manual_seed(0)
+    lengths = torch.randint(1, COMPLETION_LENGTH + 1, (COMPLETIONS,), generator=rng)
+    completion_mask = (torch.arange(COMPLETION_LENGTH) < lengths.unsqueeze(1)).int()  # (N, T)
+    return {
+        "prompt_ids": torch.randint(2, vocab_size, (COMPLETIONS, PROMPT_LENGTH), generator=rng),  # (N, P)
+        "prompt_mask": torch.ones(COMPLETIONS, PROMPT_LENGTH, dtype=torch.int),
+        "completion_ids": torch.randint(2, vocab_size, (COMPLETIONS, COMPLETION_LENGTH), generator=rng),  # (N, T)
+        "completion_mask": completion_mask,
+        "advantages": torch.randn(COMPLETIONS, generator=rng),  # (N,)
+        # The sampler's log-probs, a little off the trainer's: the rollout correction has something to correct.
+        "sampling_noise": 0.3 * torch.randn(COMPLETIONS, COMPLETION_LENGTH, generator=rng),
+    }
+
+
+def one_step(model_dir: Path, out_dir: Path, loss: str) -> None:
+    registry = grpo_kit.Registry()
+    cfg = grpo_kit.compose(tiny_run(model_dir, "+reward=accuracy", f"+loss={loss}", *SETTINGS), registry)
+    accelerator = build_accelerator(cfg.trainer, out_dir, [])
+    # One process trains 16 completions as 2 accumulated micro-batches of 8; two processes 8 each in one.
+    accumulation = 2 // accelerator.num_processes
+    torch.manual_seed(0)
+    model, tokenizer = load_model(cfg.model)
+    reference = load_reference_model(model, accelerator.device)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.trainer.learning_rate)
+    scheduler = torch.optim.lr_scheduler.ConstantLR(optimizer, factor=1.0)
+    model, optimizer = accelerator.prepare(model, optimizer)
+    objective = grpo_kit.build_objective(cfg, registry)
+    policy_loss = PolicyLoss(objective, cfg.generation.temperature, entropy_grad=False)
+    references = ReferenceQuantities(objective, policy_loss, reference, accelerator.autocast, off_policy=True)
+    optimization = Optimization(
+        model, optimizer, scheduler, accelerator, policy_loss, accumulation, accumulation, cfg.trainer.max_grad_norm
+    )
+
+    batch = fixed_batch(accelerator.unwrap_model(model).config.vocab_size)
+    share = COMPLETIONS // accelerator.num_processes
+    mine = {name: tensor[accelerator.process_index * share :][:share] for name, tensor in batch.items()}
+    mine["num_items_in_batch"] = batch["completion_mask"].sum()  # every process's active tokens
+    finite = True
+    for start in range(0, share, 8):
+        micro_batch = {name: tensor[start : start + 8] if tensor.dim() else tensor for name, tensor in mine.items()}
+        with torch.no_grad():
+            logps, _ = policy_loss.logps(model, micro_batch)
+        micro_batch["sampling_per_token_logps"] = logps + micro_batch.pop("sampling_noise")
+        references.add(model, micro_batch)
+        _, finite, _ = optimization.train_on(micro_batch, finite, ends_step=start + 8 == share)
+    assert finite
+    if accelerator.is_main_process:
+        torch.save(accelerator.unwrap_model(model).state_dict(), out_dir / f"{loss}.pt")
+    accelerator.wait_for_everyone()
+
+
+if __name__ == "__main__":
+    for loss in LOSSES:
+        one_step(Path(sys.argv[1]), Path(sys.argv[2]), loss)
