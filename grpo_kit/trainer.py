@@ -229,8 +229,9 @@ def train(cfg: DictConfig, run_dir: str | Path, registry: Registry | None = None
                     window[name].append(value)
 
                 ends_step = index == t.gradient_accumulation_steps - 1
-                out, finite, stepped_grad_norm = optimization.train_on(micro_batch, finite, ends_step)
-                grad_norm = grad_norm if stepped_grad_norm is None else stepped_grad_norm
+                out, finite, step_grad_norm = optimization.train_on(micro_batch, finite, ends_step)
+                if step_grad_norm is not None:
+                    grad_norm = step_grad_norm
                 window["loss/micro"].append(accelerator.gather(out.loss.detach().reshape(1)).mean().item())
                 for name, value in out.metrics.items():
                     window[name].append(accelerator.gather(value).nanmean().item())
@@ -245,7 +246,7 @@ def train(cfg: DictConfig, run_dir: str | Path, registry: Registry | None = None
                 if bad_steps >= t.max_bad_steps:
                     stop.reason = stop.reason or StopReason.NON_FINITE_LOSSES
             else:
-                window["grad_norm"].append(float(grad_norm))
+                window["grad_norm"].append(grad_norm)
             window["seconds_per_step"].append(time.perf_counter() - started)
             hooks.on_step_end(run=run, step=step, metrics={name: values[-1] for name, values in window.items()})
             evaluated = {}
