@@ -9,6 +9,7 @@ may use a directory at all (`claim_run_directory`), before anything is written i
 import json
 import logging
 import random
+import shlex
 import shutil
 from pathlib import Path
 
@@ -111,6 +112,16 @@ def trained_steps(run_dir: Path) -> int:
         except (ValueError, AttributeError):
             continue
     return last
+
+
+def resume_command(run_dir: Path) -> str:
+    """The command that continues this run: the overrides it was started with (.hydra/overrides.yaml, written by
+    the CLI), its directory and trainer.resume=auto."""
+    overrides_file = run_dir / ".hydra" / "overrides.yaml"
+    overrides = list(OmegaConf.load(overrides_file)) if overrides_file.is_file() else []
+    kept = [o for o in overrides if not o.startswith(("trainer.resume=", "hydra.run.dir=", "hydra.sweep.dir="))]
+    words = ["python", "-m", "grpo_kit", *kept, "trainer.resume=auto", f"hydra.run.dir={run_dir.resolve()}"]
+    return " ".join(shlex.quote(word) for word in words)
 
 
 def load_checkpoint(path: Path) -> dict:

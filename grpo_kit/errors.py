@@ -22,3 +22,7 @@ class InputFileError(ConfigError, FileNotFoundError):
 
 class RewardError(UserError):
     """A reward function returned something the run cannot use."""
+
+
+class GenerationUnavailable(UserError):
+    """The generation backend stopped answering; the run saves a checkpoint and says how to resume."""

@@ -128,18 +128,33 @@ class Completions:
 
 
 class Generation(Protocol):
-    def start(self, model: torch.nn.Module, tokenizer: Any, accelerator: Any) -> None: ...
+    """Where completions come from: the policy itself, a server, an engine in this process.
+
+    Every process calls every method. With several processes, each passes its own prompts and gets back the
+    completions of those prompts; a backend may still have one process do all the talking (a server's client
+    gathers the prompts on the main process and hands each process its share).
+
+    A backend whose generator stops answering (a server that died and did not come back within the backend's
+    retries) raises `grpo_kit.errors.GenerationUnavailable` from `generate` or `update_weights`: the run then saves
+    a checkpoint of its last whole step and stops with the command that resumes it, instead of failing.
+    """
+
+    def start(self, model: torch.nn.Module, tokenizer: Any, accelerator: Any) -> None:
+        """Called once, after the model is prepared and before the first generation batch."""
 
     def generate(self, prompt_ids: list[list[int]], with_logprobs: bool = False) -> Completions:
-        """One completion for each prompt (prompts arrive already repeated num_generations times).
+        """One completion for each prompt (prompts arrive already repeated num_generations times, each group's
+        members adjacent).
 
         With `with_logprobs`, also the sampler's log-prob of each completion token (for rollout corrections).
         """
 
-    def update_weights(self, model: torch.nn.Module) -> None:
-        """Called after every optimizer step; a backend outside this process loads the new weights here."""
+    def update_weights(self, model: torch.nn.Module, step: int) -> None:
+        """Called after every optimizer step, and once after a resume, with the optimizer steps done so far: a
+        backend outside this process loads the new weights here (`step` is their version)."""
 
-    def close(self) -> None: ...
+    def close(self) -> None:
+        """Called once when the run ends, whether it finished, stopped or failed: stop what `start` started."""
 
 
 @dataclass

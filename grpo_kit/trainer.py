@@ -35,12 +35,13 @@ from grpo_kit.checkpoint import (
     random_states,
     restore_random_states,
     restore_run_files,
+    resume_command,
     save_checkpoint,
 )
 from grpo_kit.checks import check_model_path, check_prompt_lengths, check_reward_columns
 from grpo_kit.config import complete, options
 from grpo_kit.data import PromptSampler, load_prompts
-from grpo_kit.errors import ConfigError
+from grpo_kit.errors import ConfigError, GenerationUnavailable
 from grpo_kit.evaluation import Evaluator, load_eval_prompts
 from grpo_kit.lock import write_or_compare
 from grpo_kit.loggers import ConsoleLogger, JsonlLogger
@@ -138,7 +139,6 @@ def train(cfg: DictConfig, run_dir: str | Path, registry: Registry | None = None
     # The scheduler stays unprepared: accelerate would step it once per process, TRL steps it once per step.
     model, optimizer = accelerator.prepare(model, optimizer)
     reference = prepare_reference(reference, accelerator)
-    generation.start(model, tokenizer, accelerator)
     optimization = Optimization(
         model, optimizer, scheduler, accelerator, policy_loss, t.gradient_accumulation_steps, steps_per_generation,
         t.max_grad_norm,
@@ -157,7 +157,10 @@ def train(cfg: DictConfig, run_dir: str | Path, registry: Registry | None = None
     run_plugins = [JsonlLogger(), console, *([TrackerLogger()] if trackers else []), *hook_plugins]
     scorer = Scorer(rewards, timeout=t.reward_timeout, workers=t.reward_workers)
     stop = StopRequest()
+    generation_started = False
     try:
+        generation.start(model, tokenizer, accelerator)
+        generation_started = True  # from here on it is closed however the run ends
         for plugin in run_plugins:
             pm.register(plugin)
         hooks = pm.hook
@@ -194,7 +197,7 @@ def train(cfg: DictConfig, run_dir: str | Path, registry: Registry | None = None
             check_resumable(saved["config"], cfg, checkpoint)
             restore_run_files(checkpoint, run_dir)
             state.load_state_dict(saved)  # the last setup step: it restores the random generators too
-            generation.update_weights(model)
+            generation.update_weights(model, state.step)
             log.info("Resuming from %s (step %d)", checkpoint, state.step)
         evaluator = None
         if eval_prompts is not None:
@@ -209,36 +212,48 @@ def train(cfg: DictConfig, run_dir: str | Path, registry: Registry | None = None
         if evaluator is not None and cfg.eval.on_start and state.step == 0:
             model.eval()
             hooks.on_log(run=run, step=0, metrics={"step": 0, **evaluator(0)})
+
         bad_steps, grad_norm = 0, math.nan
         for step in range(state.step + 1, max_steps + 1):
             started = time.perf_counter()
             model.train()
+            step_start = state.progress()  # where a generation backend that fails mid-step sends the run back
             finite = True  # a non-finite loss anywhere in the step skips the whole optimizer step
-            for index in range(t.gradient_accumulation_steps):
-                if state.micro_step % (steps_per_generation * algo.num_iterations) == 0:
-                    model.eval()
-                    state.micro_batches, state.rollout_metrics = generate_batch(
-                        rollout, run, references, model, prompts_per_generation, steps_per_generation, accelerator
-                    )
-                    model.train()
-                    if samples is not None:
-                        samples.record(step, *sample_columns(rollout))
-                micro_batch = state.micro_batches[state.micro_step % steps_per_generation]
-                state.micro_step += 1
-                for name, value in state.rollout_metrics.items():  # the generation batch this micro-batch came from
-                    window[name].append(value)
+            try:
+                for index in range(t.gradient_accumulation_steps):
+                    if state.micro_step % (steps_per_generation * algo.num_iterations) == 0:
+                        model.eval()
+                        state.micro_batches, state.rollout_metrics = generate_batch(
+                            rollout, run, references, model, prompts_per_generation, steps_per_generation, accelerator
+                        )
+                        model.train()
+                        if samples is not None:
+                            samples.record(step, *sample_columns(rollout))
+                    micro_batch = state.micro_batches[state.micro_step % steps_per_generation]
+                    state.micro_step += 1
+                    for name, value in state.rollout_metrics.items():  # the generation batch it came from
+                        window[name].append(value)
 
-                ends_step = index == t.gradient_accumulation_steps - 1
-                out, finite, step_grad_norm = optimization.train_on(micro_batch, finite, ends_step)
-                if step_grad_norm is not None:
-                    grad_norm = step_grad_norm
-                window["loss/micro"].append(accelerator.gather(out.loss.detach().reshape(1)).mean().item())
-                for name, value in out.metrics.items():
-                    window[name].append(accelerator.gather(value).nanmean().item())
-            generation.update_weights(model)
+                    ends_step = index == t.gradient_accumulation_steps - 1
+                    out, finite, step_grad_norm = optimization.train_on(micro_batch, finite, ends_step)
+                    if step_grad_norm is not None:
+                        grad_norm = step_grad_norm
+                    window["loss/micro"].append(accelerator.gather(out.loss.detach().reshape(1)).mean().item())
+                    for name, value in out.metrics.items():
+                        window[name].append(accelerator.gather(value).nanmean().item())
+            except GenerationUnavailable as error:  # the step is undone and the last whole one saved
+                state.rewind(step_start)
+                optimizer.zero_grad(set_to_none=True)
+                save_step(state, run_dir, t.save_total_limit)
+                raise GenerationUnavailable(f"{error}\n{resume_advice(run_dir, state.step)}") from error
+            state.step = step
+            try:
+                generation.update_weights(model, step)
+            except GenerationUnavailable as error:  # the step itself is whole: save it and stop
+                save_step(state, run_dir, t.save_total_limit)
+                raise GenerationUnavailable(f"{error}\n{resume_advice(run_dir, step)}") from error
             if algo.sync_ref_model and step % algo.ref_model_sync_steps == 0:
                 mix_into_sharded_reference(accelerator, model, reference, algo.ref_model_mixup_alpha)
-            state.step = step
 
             bad_steps = 0 if finite else bad_steps + 1
             if not finite:
@@ -258,15 +273,7 @@ def train(cfg: DictConfig, run_dir: str | Path, registry: Registry | None = None
                 window.clear()
                 hooks.on_log(run=run, step=step, metrics=logged | evaluated)
             if (t.save_steps and step % t.save_steps == 0) or step == max_steps or stop.reason:
-                checkpoint_state = state.state_dict()  # on every process: it gathers their own parts
-                parts = None
-                if is_sharded(accelerator):  # every process writes its own part of the weights and optimizer state
-                    parts = run_dir / CHECKPOINTS / f".parts-{step:06d}"
-                    accelerator.save_state(parts)
-                    accelerator.wait_for_everyone()
-                if accelerator.is_main_process:
-                    save_checkpoint(run_dir, step, checkpoint_state, keep=t.save_total_limit, parts=parts)
-                accelerator.wait_for_everyone()
+                save_step(state, run_dir, t.save_total_limit)
             if stop.reason is StopReason.NON_FINITE_LOSSES:
                 raise RuntimeError(
                     f"{bad_steps} steps in a row had a non-finite loss, so the run stopped after saving a checkpoint "
@@ -276,8 +283,6 @@ def train(cfg: DictConfig, run_dir: str | Path, registry: Registry | None = None
             if stop.reason:
                 log.warning("Stopped by %s after step %d: resume with trainer.resume=auto", stop.reason.value, step)
                 break
-
-        generation.close()
         if t.save_model and not stop.reason:
             weights = accelerator.get_state_dict(model)  # every process: FSDP and ZeRO-3 gather the whole weights
             if accelerator.is_main_process:
@@ -286,6 +291,8 @@ def train(cfg: DictConfig, run_dir: str | Path, registry: Registry | None = None
                 hooks.on_save(run=run, directory=run_dir / "model")
         hooks.on_train_end(run=run)
     finally:
+        if generation_started:
+            generation.close()
         stop.restore()
         console.close()
         scorer.close()
@@ -476,6 +483,31 @@ class TrainState:
             "processes": gather_object([{"micro_batches": to_cpu(self.micro_batches), "random": random_states()}]),
         }
 
+    def progress(self) -> dict:
+        """What a step changes before its optimizer step, to go back to the step's start (`rewind`)."""
+        return {
+            "sampler": self.sampler.state(),
+            "micro_step": self.micro_step,
+            "micro_batches": self.micro_batches,  # replaced by a new generation batch, never changed in place
+            "rollout_metrics": self.rollout_metrics,
+            "window": {name: list(values) for name, values in self.window.items()},
+            "replay_position": None if self.replay is None else self.replay.count,
+            "recorded": None if self.recorder is None else self.recorder.count,
+            "random": random_states(),
+        }
+
+    def rewind(self, progress: dict) -> None:
+        self.sampler.restore(progress["sampler"])
+        self.micro_step, self.micro_batches = progress["micro_step"], progress["micro_batches"]
+        self.rollout_metrics = progress["rollout_metrics"]
+        self.window.clear()
+        self.window.update(progress["window"])
+        if self.replay is not None:
+            self.replay.count = progress["replay_position"]
+        if self.recorder is not None:
+            self.recorder.count = progress["recorded"]
+        restore_random_states(progress["random"])
+
     def load_state_dict(self, state: dict) -> None:
         if len(state["processes"]) != self.accelerator.num_processes:
             raise ConfigError(
@@ -505,6 +537,24 @@ class TrainState:
 
 def to_cpu(micro_batches: list[dict]) -> list[dict]:
     return [{name: tensor.cpu() for name, tensor in batch.items()} for batch in micro_batches]
+
+
+def save_step(state: TrainState, run_dir: Path, keep: int) -> None:
+    """A checkpoint of `state.step`, written by every process together."""
+    accelerator = state.accelerator
+    checkpoint_state = state.state_dict()  # on every process: it gathers their own parts
+    parts = None
+    if is_sharded(accelerator):  # every process writes its own part of the weights and optimizer state
+        parts = run_dir / CHECKPOINTS / f".parts-{state.step:06d}"
+        accelerator.save_state(parts)
+        accelerator.wait_for_everyone()
+    if accelerator.is_main_process:
+        save_checkpoint(run_dir, state.step, checkpoint_state, keep=keep, parts=parts)
+    accelerator.wait_for_everyone()
+
+
+def resume_advice(run_dir: Path, step: int) -> str:
+    return f"A checkpoint of step {step} is saved; once generation works again, resume with:\n  {resume_command(run_dir)}"
 
 
 @dataclass

@@ -711,7 +711,7 @@ class GenerationContract(PluginContract):
         assert torch.isfinite(active).all() and (active <= 1e-5).all(), f"log-probs of sampled tokens: {active}"
 
     def test_takes_new_weights(self, contract_case, plugin_config, model_and_tokenizer):
-        """After `update_weights(model)`, completions come from the model's new weights. An optimizer step changes
+        """After `update_weights(model, step)`, completions come from the model's new weights. An optimizer step changes
         them in place; here every parameter moves. With top_k=1 any backend decodes greedily, so its completions
         must be those the model itself decodes greedily: with the old weights before, with the new ones after."""
         from accelerate import Accelerator
@@ -735,7 +735,7 @@ class GenerationContract(PluginContract):
                     parameter.add_(torch.randn(parameter.shape, generator=generator).to(parameter))
             new = _greedy_completions(model, tokenizer, prompt_ids, limit)
             assert new != old, "changing every weight should change the greedy completions of this test's prompts"
-            greedy.update_weights(model)
+            greedy.update_weights(model, step=1)
             assert _completion_tokens(greedy.generate(prompt_ids)) == new, (
                 f"after update_weights, completions should follow the new weights ({new}), not the old ({old})"
             )

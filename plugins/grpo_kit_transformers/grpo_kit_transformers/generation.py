@@ -139,7 +139,7 @@ class TransformersGeneration:
             return FullyShardedDataParallel.summon_full_params(self.model, recurse=False)
         return contextlib.nullcontext()  # DDP, ZeRO-1/2: whole weights on every process; FSDP2: see the docstring
 
-    def update_weights(self, model):
+    def update_weights(self, model, step):
         if self.merged is not None:  # otherwise generation reads the trained model directly
             refresh_merged_copy(self.accelerator.unwrap_model(model), self.merged)
 

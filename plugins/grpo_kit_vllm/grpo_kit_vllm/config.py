@@ -1,0 +1,71 @@
+"""The options of the two vLLM backends (docs/generation.md says which matter when)."""
+
+from dataclasses import dataclass, field
+
+from grpo_kit import GenerationConfig
+from grpo_kit.errors import ConfigError
+
+LAUNCHES = ("none", "vllm", "test")
+TRANSPORTS = ("auto", "nccl", "gloo")
+
+
+@dataclass
+class VLLMServerConfig(GenerationConfig):
+    base_url: str = "http://127.0.0.1:8000"  # the server; with launch=vllm|test, where the started one listens
+    # none: a server you started (`vllm serve`, docs/generation.md); vllm: start `vllm serve` for this run; test: start
+    # the CPU test server (grpo_kit_vllm.testing.server). A started server is stopped when the run ends.
+    launch: str = "none"
+    connect_timeout: float = 60.0  # seconds: a server not answering /health by then fails the run at its start
+    launch_timeout: float = 900.0  # seconds a started server may take to load its model and answer /health
+    request_timeout: float = 600.0  # seconds one request (a whole generation batch) may take
+    retries: int = 4  # a request the server does not answer is tried again this often, after 1, 2, 4... s
+    # How weights reach the server after each optimizer step: nccl (GPUs, vLLM's NCCL engine), gloo (CPU, the test
+    # server), auto: nccl when this process has CUDA.
+    weight_transport: str = "auto"
+    # The address and port the server's workers use to reach this process for weight transfer. null: the address
+    # this machine uses to reach the server, and a free port.
+    weight_sync_host: str | None = None
+    weight_sync_port: int | None = None
+    launch_args: list[str] = field(default_factory=list)  # extra `vllm serve` arguments with launch=vllm
+    generation_kwargs: dict | None = None  # other /v1/completions fields (e.g. {seed: 0}), sent with every request
+
+    def __post_init__(self):
+        if self.launch not in LAUNCHES:
+            raise ConfigError(f"generation.launch={self.launch!r}: choose one of {', '.join(LAUNCHES)}.")
+        if self.weight_transport not in TRANSPORTS:
+            raise ConfigError(
+                f"generation.weight_transport={self.weight_transport!r}: choose one of {', '.join(TRANSPORTS)}."
+            )
+        if not self.base_url.startswith(("http://", "https://")):
+            raise ConfigError(
+                f"generation.base_url={self.base_url!r} is not a URL: write it as http://HOST:PORT "
+                "(vllm serve listens on http://127.0.0.1:8000 by default)."
+            )
+        for name in ("connect_timeout", "launch_timeout", "request_timeout"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"generation.{name}={getattr(self, name)} must be a positive number of seconds.")
+        if self.retries < 0:
+            raise ConfigError(f"generation.retries={self.retries} must be 0 (no retry) or more.")
+
+
+@dataclass
+class VLLMColocateConfig(GenerationConfig):
+    gpu_memory_utilization: float = 0.3  # the share of each GPU vLLM may take (weights, KV cache); the rest trains
+    tensor_parallel_size: int = 1  # processes that share one vLLM engine; it must divide the number of processes
+    max_model_len: int | None = None  # null: prompt + max_completion_length of the longest prompt is never cut
+    sleep_level: int = 0  # 0: vLLM keeps its memory; 1: frees its KV cache between generations; 2: its weights too
+    dtype: str = "auto"  # vLLM's dtype; auto: the checkpoint's
+    enforce_eager: bool = False  # true: no CUDA graphs (less memory, slower decoding)
+    seed: int = 0  # the engine's sampling seed (each process adds its index)
+    generation_kwargs: dict | None = None  # other vllm.SamplingParams fields
+
+    def __post_init__(self):
+        if not 0 < self.gpu_memory_utilization <= 1:
+            raise ConfigError(
+                f"generation.gpu_memory_utilization={self.gpu_memory_utilization} must lie in (0, 1]: the share of "
+                "each GPU vLLM may use, e.g. 0.3 (the training process needs the rest)."
+            )
+        if self.sleep_level not in (0, 1, 2):
+            raise ConfigError(f"generation.sleep_level={self.sleep_level}: 0 (off), 1 or 2, as vLLM's sleep mode.")
+        if self.tensor_parallel_size < 1:
+            raise ConfigError(f"generation.tensor_parallel_size={self.tensor_parallel_size} must be 1 or more.")
