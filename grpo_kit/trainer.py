@@ -600,7 +600,33 @@ def generate_batch(rollout, run, references, model, num_prompts, steps_per_gener
         micro_batch = {name: tensor if tensor.dim() == 0 else tensor[indices] for name, tensor in batch.items()}
         references.add(model, micro_batch)
         micro_batches.append(micro_batch)
+    if "importance_sampling_ratio" in micro_batches[0]:
+        metrics |= sampler_mismatch(micro_batches, accelerator)
     return micro_batches, metrics
+
+
+def sampler_mismatch(micro_batches: list[dict], accelerator) -> dict[str, float]:
+    """How far the sampler's log-probs are from the trainer's, and the rollout correction's ratio, over the whole
+    generation batch (TRL's `sampling/` metrics)."""
+    mask = torch.cat([mb["completion_mask"] for mb in micro_batches]).bool()  # (N, T)
+    ratio = torch.cat([mb["importance_sampling_ratio"] for mb in micro_batches])  # (N, T) or (N, 1)
+    ratio = ratio[mask] if ratio.shape == mask.shape else ratio.view(-1)  # active tokens, or sequences
+    difference = torch.cat([mb["old_per_token_logps"] - mb["sampling_per_token_logps"] for mb in micro_batches])
+    difference = difference[mask].abs().float()
+    ratio = ratio.float()
+    # Each process's sums, counts and extremes, gathered: processes hold different numbers of tokens.
+    local = torch.tensor([
+        difference.sum().item(), difference.max().item() if difference.numel() else 0.0, difference.numel(),
+        ratio.sum().item(), ratio.min().item() if ratio.numel() else math.inf, ratio.max().item() if ratio.numel() else 0.0, ratio.numel(),
+    ], device=accelerator.device)
+    every = accelerator.gather(local.unsqueeze(0))  # (processes, 7)
+    return {
+        "sampling/sampling_logp_difference/mean": (every[:, 0].sum() / every[:, 2].sum().clamp(min=1)).item(),
+        "sampling/sampling_logp_difference/max": every[:, 1].max().item(),
+        "sampling/importance_sampling_ratio/mean": (every[:, 3].sum() / every[:, 6].sum().clamp(min=1)).item(),
+        "sampling/importance_sampling_ratio/min": every[:, 4].min().item(),
+        "sampling/importance_sampling_ratio/max": every[:, 5].max().item(),
+    }
 
 
 def sample_columns(rollout):

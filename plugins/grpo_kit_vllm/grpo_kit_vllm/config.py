@@ -15,18 +15,19 @@ class VLLMServerConfig(GenerationConfig):
     # none: a server you started (`vllm serve`, docs/generation.md); vllm: start `vllm serve` for this run; test: start
     # the CPU test server (grpo_kit_vllm.testing.server). A started server is stopped when the run ends.
     launch: str = "none"
-    connect_timeout: float = 60.0  # seconds: a server not answering /health by then fails the run at its start
+    connect_timeout: float = 30.0  # seconds: a server not answering /health by then fails the run at its start
     launch_timeout: float = 900.0  # seconds a started server may take to load its model and answer /health
     request_timeout: float = 600.0  # seconds one request (a whole generation batch) may take
     retries: int = 4  # a request the server does not answer is tried again this often, after 1, 2, 4... s
     # How weights reach the server after each optimizer step: nccl (GPUs, vLLM's NCCL engine), gloo (CPU, the test
     # server), auto: nccl when this process has CUDA.
     weight_transport: str = "auto"
-    # The address and port the server's workers use to reach this process for weight transfer. null: the address
-    # this machine uses to reach the server, and a free port.
+    # gloo only: the address and port where the server's workers meet this process (a TCPStore it opens). null: the
+    # address this machine uses to reach the server, and a free port. (NCCL finds its own way: NCCL_SOCKET_IFNAME.)
     weight_sync_host: str | None = None
     weight_sync_port: int | None = None
     launch_args: list[str] = field(default_factory=list)  # extra `vllm serve` arguments with launch=vllm
+    launch_env: dict | None = None  # environment of a started server, e.g. {CUDA_VISIBLE_DEVICES: "1"}
     generation_kwargs: dict | None = None  # other /v1/completions fields (e.g. {seed: 0}), sent with every request
 
     def __post_init__(self):

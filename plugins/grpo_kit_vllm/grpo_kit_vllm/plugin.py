@@ -1,16 +1,15 @@
 """Registers generation through vLLM: `generation=vllm_server` and `generation=vllm_colocate`.
 
-Neither imports vLLM here: server mode never does (it speaks HTTP and broadcasts weights with torch), and colocate
-mode imports it when a run starts its engine.
+Each backend is named by import path and imported only when a run builds it, so listing the plugins and composing
+a run import neither torch nor vLLM. Server mode never imports vLLM (it speaks HTTP and broadcasts weights with
+torch); colocate mode imports it when a run starts its engine.
 """
 
 import grpo_kit
-from grpo_kit_vllm.colocate import VLLMColocateGeneration
 from grpo_kit_vllm.config import VLLMColocateConfig, VLLMServerConfig
-from grpo_kit_vllm.server_generation import VLLMServerGeneration
 
 
 @grpo_kit.hookimpl
 def register_generations(register):
-    register("vllm_server", VLLMServerGeneration, VLLMServerConfig)
-    register("vllm_colocate", VLLMColocateGeneration, VLLMColocateConfig)
+    register("vllm_server", "grpo_kit_vllm.server_generation:VLLMServerGeneration", VLLMServerConfig)
+    register("vllm_colocate", "grpo_kit_vllm.colocate:VLLMColocateGeneration", VLLMColocateConfig)

@@ -1,0 +1,146 @@
+"""vllm_colocate: a vLLM engine inside each training process, sharing its GPU; weights loaded in place each step.
+
+vLLM is imported when a run starts the engine, so this module (and listing plugins) works without it. The engine
+runs under vLLM's `external_launcher` executor: the training processes themselves are its workers, and each group
+of `tensor_parallel_size` consecutive processes shares one engine (they gather their prompts, generate together,
+and each keeps its own completions). After every optimizer step the trained weights are handed to the engine's
+model with `load_weights`, in memory; vLLM's argument-less reload would re-read the checkpoint from disk instead.
+
+With `sleep_level` 1 the engine frees its KV cache while the trainer trains; with 2 it frees its weights too, and
+they come back with the next `update_weights`, which runs after every step and so before every generation.
+"""
+
+import os
+
+import torch
+
+from grpo_kit import Completions
+from grpo_kit.errors import ConfigError
+from grpo_kit_vllm.completions import Sample, sampling_fields, to_completions
+from grpo_kit_vllm.config import VLLMColocateConfig
+from grpo_kit_vllm.weights import base_model_path, is_sharded, named_weights
+
+
+def import_vllm():
+    try:
+        import vllm
+    except ImportError:
+        raise ConfigError(
+            "generation=vllm_colocate runs vLLM in the training processes, and vLLM is not installed: "
+            "pip install 'grpo-kit-vllm[vllm]' on a machine with CUDA GPUs. Without GPUs, try server mode against "
+            "the CPU test server: generation=vllm_server generation.launch=test."
+        ) from None
+    return vllm
+
+
+class VLLMColocateGeneration:
+    def __init__(self, config: VLLMColocateConfig):
+        self.config = config
+
+    def start(self, model, tokenizer, accelerator):
+        vllm = import_vllm()
+        if not torch.cuda.is_available():
+            raise ConfigError("generation=vllm_colocate needs CUDA GPUs: on CPU use generation=transformers.")
+        size = self.config.tensor_parallel_size
+        if accelerator.num_processes % size:
+            raise ConfigError(
+                f"generation.tensor_parallel_size={size} must divide the {accelerator.num_processes} training "
+                "processes: each group of that many processes shares one vLLM engine."
+            )
+        self.model, self.tokenizer, self.accelerator = model, tokenizer, accelerator
+        self.tp_group = tensor_parallel_group(accelerator, size)
+        # external_launcher reads the torch.distributed rendezvous from the environment, as torchrun sets it.
+        os.environ.setdefault("RANK", str(accelerator.process_index))
+        os.environ.setdefault("LOCAL_RANK", str(accelerator.local_process_index))
+        os.environ.setdefault("WORLD_SIZE", str(accelerator.num_processes))
+        self.llm = vllm.LLM(
+            model=base_model_path(accelerator.unwrap_model(model)),
+            tensor_parallel_size=size,
+            gpu_memory_utilization=self.config.gpu_memory_utilization,
+            max_model_len=self.config.max_model_len,
+            dtype=self.config.dtype,
+            enforce_eager=self.config.enforce_eager,
+            enable_sleep_mode=self.config.sleep_level > 0,
+            distributed_executor_backend="external_launcher",
+            seed=self.config.seed + accelerator.process_index // size,  # one seed per engine: its ranks agree
+            logprobs_mode="processed_logprobs",  # the sampled distribution's log-probs, for rollout corrections
+        )
+        self.sleeping = None
+        self.update_weights(model, step=0)  # the engine loaded the checkpoint; the run may start elsewhere
+
+    @torch.no_grad()
+    def generate(self, prompt_ids: list[list[int]], with_logprobs: bool = False) -> Completions:
+        vllm = import_vllm()
+        every = [prompt_ids]
+        if self.tp_group is not None:  # the group's engine generates for all its processes' prompts
+            every = [None] * self.config.tensor_parallel_size
+            torch.distributed.all_gather_object(every, prompt_ids, group=self.tp_group)
+        fields = sampling_fields(self.config, with_logprobs) | (self.config.generation_kwargs or {})
+        self._wake("kv_cache")
+        outputs = self.llm.generate(
+            [{"prompt_token_ids": ids} for prompts in every for ids in prompts],
+            vllm.SamplingParams(n=1, **fields),
+            use_tqdm=False,
+        )
+        self._sleep()
+        samples = [sample_of(output.outputs[0]) for output in outputs]
+        if self.tp_group is not None:
+            start = sum(len(prompts) for prompts in every[: torch.distributed.get_rank(self.tp_group)])
+            samples = samples[start : start + len(prompt_ids)]
+        return to_completions(samples, self.tokenizer.pad_token_id, with_logprobs, self.accelerator.device)
+
+    def update_weights(self, model, step: int) -> None:
+        self._wake("weights")
+        if is_sharded(self.accelerator):  # gathered whole on the main process, then sent to every engine
+            weights = broadcast_weights(dict(named_weights(model, self.accelerator)), self.accelerator)
+        else:  # every process holds the whole, identical weights
+            weights = dict(named_weights(model, self.accelerator, on_every_process=True))
+        engine_model = self.llm.llm_engine.model_executor.driver_worker.model_runner.model
+        engine_model.load_weights(weights.items())
+        self.llm.reset_prefix_cache()  # cached prefixes were computed with the old weights
+        self._sleep()
+
+    def _wake(self, tag: str) -> None:
+        if self.config.sleep_level and self.sleeping:
+            self.llm.wake_up(tags=[tag])
+            self.sleeping = tag != "kv_cache"  # the weights wake first; the KV cache only for generation
+
+    def _sleep(self) -> None:
+        if self.config.sleep_level:
+            self.llm.sleep(level=self.config.sleep_level)
+            self.sleeping = True
+
+    def close(self):
+        self.llm = None
+
+
+def sample_of(output) -> Sample:
+    """A vllm.CompletionOutput as a Sample: its tokens (EOS kept), whether it hit max_tokens, its log-probs."""
+    logprobs = None
+    if output.logprobs is not None:
+        logprobs = [position[token].logprob for token, position in zip(output.token_ids, output.logprobs)]
+    return Sample(list(output.token_ids), output.finish_reason == "length", logprobs)
+
+
+def tensor_parallel_group(accelerator, size: int):
+    """This process's group of `size` consecutive processes (every process creates every group, as torch needs)."""
+    if size == 1:
+        return None
+    groups = [
+        torch.distributed.new_group(list(range(first, first + size)))
+        for first in range(0, accelerator.num_processes, size)
+    ]
+    return groups[accelerator.process_index // size]
+
+
+def broadcast_weights(weights: dict, accelerator) -> dict:
+    """The main process's whole weights (`weights`, empty elsewhere) on every process."""
+    layout = [[(name, tuple(tensor.shape), tensor.dtype) for name, tensor in weights.items()]]
+    torch.distributed.broadcast_object_list(layout, src=0)
+    received = {}
+    for name, shape, dtype in layout[0]:
+        tensor = weights[name] if name in weights else torch.empty(shape, dtype=dtype)
+        tensor = tensor.to(accelerator.device).contiguous()
+        torch.distributed.broadcast(tensor, src=0)
+        received[name] = tensor
+    return received

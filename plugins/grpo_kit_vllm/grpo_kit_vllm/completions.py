@@ -1,0 +1,90 @@
+"""Between grpo_kit's prompts and completions and what vLLM takes and returns: token ids, sampling settings.
+
+Prompts reach a backend repeated num_generations times, each group's members adjacent; vLLM samples `n`
+completions of one prompt from a single prefill. So each run of identical prompts is sent once with `n` = its
+length, and the completions come back in order.
+"""
+
+from dataclasses import dataclass
+
+import torch
+
+from grpo_kit import Completions, GenerationConfig
+
+
+def prompt_runs(prompt_ids: list[list[int]]) -> list[tuple[list[int], int]]:
+    """Each run of identical adjacent prompts as (prompt, how many times)."""
+    runs: list[tuple[list[int], int]] = []
+    for ids in prompt_ids:
+        if runs and runs[-1][0] == ids:
+            runs[-1] = (ids, runs[-1][1] + 1)
+        else:
+            runs.append((ids, 1))
+    return runs
+
+
+def runs_by_count(runs: list[tuple[list[int], int]]) -> dict[int, list[int]]:
+    """The indices of the runs of each length: one request per length, usually a single one (n=num_generations)."""
+    by_count: dict[int, list[int]] = {}
+    for index, (_, count) in enumerate(runs):
+        by_count.setdefault(count, []).append(index)
+    return by_count
+
+
+def sampling_fields(config: GenerationConfig, with_logprobs: bool) -> dict:
+    """GenerationConfig's settings as /v1/completions (and vllm.SamplingParams) name them.
+
+    Every one is sent, the off values too: vLLM fills an unset field from the model's generation_config.json (a
+    top_k of 20, say), which would sample from another distribution than the one the trainer scores.
+    """
+    fields = {
+        "max_tokens": config.max_completion_length,
+        "temperature": config.temperature,
+        "top_p": config.top_p,
+        "top_k": config.top_k or 0,  # 0: off
+        "min_p": config.min_p or 0.0,  # 0: off
+        "repetition_penalty": config.repetition_penalty,
+    }
+    if with_logprobs:
+        fields["logprobs"] = 0  # the sampled token's log-prob only
+    return fields
+
+
+@dataclass
+class Sample:
+    """One completion as a server returns it."""
+
+    token_ids: list[int]
+    truncated: bool  # it ran into max_tokens (finish reason "length") instead of ending with EOS
+    logprobs: list[float] | None  # the sampler's log-prob of each token (vLLM's processed_logprobs)
+
+    @classmethod
+    def from_choice(cls, choice: dict) -> "Sample":
+        logprobs = choice.get("logprobs")
+        return cls(
+            token_ids=list(choice["token_ids"]),
+            truncated=choice["finish_reason"] == "length",
+            logprobs=None if logprobs is None else [float(value) for value in logprobs["token_logprobs"]],
+        )
+
+
+def to_completions(samples: list[Sample], pad_token_id: int, with_logprobs: bool, device) -> Completions:
+    """Right-padded tensors; a server stops at EOS and keeps it, so every returned token is active."""
+    length = max([len(sample.token_ids) for sample in samples] + [1])
+    ids = torch.full((len(samples), length), pad_token_id, dtype=torch.long)
+    mask = torch.zeros((len(samples), length), dtype=torch.int)
+    logps = torch.zeros((len(samples), length)) if with_logprobs else None
+    for row, sample in enumerate(samples):
+        size = len(sample.token_ids)
+        ids[row, :size] = torch.tensor(sample.token_ids, dtype=torch.long)
+        mask[row, :size] = 1
+        if with_logprobs:
+            if sample.logprobs is None or len(sample.logprobs) != size:
+                raise ValueError(
+                    "The server returned no log-prob for some sampled tokens; a rollout correction needs them."
+                )
+            logps[row, :size] = torch.tensor(sample.logprobs)
+    truncated = torch.tensor([sample.truncated for sample in samples], dtype=torch.bool)
+    return Completions(
+        ids.to(device), mask.to(device), truncated.to(device), None if logps is None else logps.to(device)
+    )

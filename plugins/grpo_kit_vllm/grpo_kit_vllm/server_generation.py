@@ -1,0 +1,279 @@
+"""vllm_server: completions from a vLLM server over HTTP, and the new weights pushed to it after every step.
+
+The trainer imports no vLLM. Generation is vLLM's OpenAI-compatible `POST /v1/completions` with token-id prompts;
+weight sync is vLLM's RL routes (vllm/entrypoints/rl/online/api_router.py), in the order its NCCL engine expects:
+`/init_weight_transfer_engine` once, then for each sync `/pause` -> `/start_weight_update` -> `/update_weights`
+(names, dtypes and shapes, sent again only when they change) while this process broadcasts the tensors ->
+`/finish_weight_update` (the step is the weight version) -> `/resume`. The broadcasts go over NCCL on GPUs and
+over gloo to the CPU test server (transport.py).
+
+With several training processes only the main one talks to the server: it gathers every process's prompts, sends
+them as one batch, and hands each process the completions of its own prompts.
+"""
+
+import logging
+import socket
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from urllib.parse import urlencode
+
+import torch
+from accelerate.utils import gather_object
+
+from grpo_kit import Completions
+from grpo_kit.errors import ConfigError, GenerationUnavailable
+from grpo_kit_vllm.client import ServerClient, ServerError
+from grpo_kit_vllm.completions import Sample, prompt_runs, runs_by_count, sampling_fields, to_completions
+from grpo_kit_vllm.config import VLLMServerConfig
+from grpo_kit_vllm.launch import (
+    LaunchedServer,
+    host_and_port,
+    test_server_command,
+    vllm_serve_advice,
+    vllm_serve_command,
+)
+from grpo_kit_vllm.transport import (
+    BUFFER_BYTES,
+    NUM_BUFFERS,
+    GlooGroup,
+    NcclGroup,
+    TensorMeta,
+    send,
+    update_info,
+)
+from grpo_kit_vllm.weights import base_model_path, has_adapters, is_sharded, named_weights
+
+log = logging.getLogger(__name__)
+
+
+class VLLMServerGeneration:
+    def __init__(self, config: VLLMServerConfig):
+        self.config = config
+        self.server: LaunchedServer | None = None
+        self.group = None  # the weight-transfer group, main process only
+        self.sent_metas: list[TensorMeta] | None = None  # what the server was last told it receives
+        self.version: str | None = None  # the weight version the server holds
+
+    def start(self, model, tokenizer, accelerator):
+        self.model, self.tokenizer, self.accelerator = model, tokenizer, accelerator
+        unwrapped = accelerator.unwrap_model(model)
+        if has_adapters(unwrapped) and is_sharded(accelerator):
+            raise ConfigError(
+                "generation=vllm_server sends a LoRA policy's merged weights, which it cannot yet gather under FSDP or "
+                "DeepSpeed ZeRO-3: train with DDP or ZeRO-2, or use generation=transformers."
+            )
+        self.model_path = base_model_path(unwrapped)
+        self.transport = self.config.weight_transport
+        if self.transport == "auto":
+            self.transport = "nccl" if accelerator.device.type == "cuda" else "gloo"
+        if self.transport == "nccl" and accelerator.device.type != "cuda":
+            raise ConfigError(
+                "generation.weight_transport=nccl needs this process on a CUDA device; on CPU use gloo (with the test "
+                "server, generation.launch=test)."
+            )
+        self.client = ServerClient(self.config.base_url, self.config.request_timeout, self.config.retries)
+        on_main(accelerator, self._connect)
+        self.update_weights(model, step=0)  # the server may hold other weights than the ones this run starts from
+
+    def _connect(self) -> None:
+        if self.config.launch != "none":
+            self.server = self._launch()
+            self._wait_until_healthy(self.config.launch_timeout)
+        else:
+            self._wait_until_healthy(self.config.connect_timeout)
+        self.model_id = self.client.get("/v1/models")["data"][0]["id"]
+        self._open_weight_transfer()
+
+    def _launch(self) -> LaunchedServer:
+        if self.config.launch == "test":
+            command = test_server_command(self.model_path, self.config.base_url)
+        else:
+            command = vllm_serve_command(self.model_path, self.config.base_url, self.config.launch_args)
+        # In the run directory; a generation backend built outside a run logs to a temporary folder.
+        folder = Path(self.accelerator.project_dir or tempfile.mkdtemp(prefix="grpo_kit_vllm-"))
+        return LaunchedServer(command, folder / "generation_server.log", self.config.launch_env)
+
+    def _wait_until_healthy(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while not self.client.is_healthy():
+            if self.server is not None and self.server.exited():
+                raise ServerError(
+                    f"The generation server started for this run exited with code {self.server.process.returncode} "
+                    f"before answering at {self.config.base_url}. The end of its log ({self.server.log_path}):\n"
+                    f"{self.server.log_tail()}"
+                )
+            if time.monotonic() > deadline:
+                raise ServerError(self._unreachable(timeout))
+            time.sleep(0.5)
+
+    def _unreachable(self, timeout: float) -> str:
+        if self.server is not None:
+            return (
+                f"The generation server started for this run did not answer at {self.config.base_url}/health within "
+                f"generation.launch_timeout={timeout:g} s. The end of its log ({self.server.log_path}):\n"
+                f"{self.server.log_tail()}"
+            )
+        return (
+            f"No vLLM server answers at {self.config.base_url} (waited generation.connect_timeout={timeout:g} s for "
+            f"/health). Start one on a GPU machine with:\n  {vllm_serve_advice(self.model_path, self.config.base_url)}"
+            f"\nand point generation.base_url at it; or let this run start one: generation.launch=vllm (GPUs), or "
+            f"generation.launch=test (a CPU test server)."
+        )
+
+    def _open_weight_transfer(self) -> None:
+        """Join the server's workers in one group, as rank 0; both ends must enter at the same time."""
+        world_size = self.client.get("/get_world_size")["world_size"] + 1
+        wire = {"rank_offset": 1, "world_size": world_size, "packed": True,
+                "packed_buffer_size_bytes": BUFFER_BYTES, "packed_num_buffers": NUM_BUFFERS}
+        if self.transport == "nccl":
+            group = NcclGroup(world_size, self.accelerator.device)
+            init_info = {"nccl_unique_id_b64": group.unique_id_b64, **wire}
+            join = group.join
+        else:
+            server_host, _ = host_and_port(self.config.base_url)
+            host = self.config.weight_sync_host or address_towards(server_host)
+            port = self.config.weight_sync_port or free_port(host)
+            init_info = {"master_address": host, "master_port": port, **wire}
+            joined = {}
+
+            def join():
+                joined["group"] = GlooGroup(host, port, 0, world_size)
+
+        # The server answers once its workers have joined, which they do only while this process joins too.
+        joiner = threading.Thread(target=join, daemon=True)
+        joiner.start()
+        try:
+            self.client.post("/init_weight_transfer_engine", {"init_info": init_info})
+        except ServerError as error:
+            if error.status == 404:
+                raise ServerError(
+                    f"The vLLM server at {self.config.base_url} has no weight-transfer routes, so its weights could "
+                    "never follow training. Start it with VLLM_SERVER_DEV_MODE=1 and --weight-transfer-config "
+                    f"'{{\"backend\": \"nccl\"}}':\n  {vllm_serve_advice(self.model_path, self.config.base_url)}"
+                ) from None
+            raise
+        joiner.join(timeout=300)
+        self.group = group if self.transport == "nccl" else joined.get("group")
+        if self.group is None or joiner.is_alive():
+            raise ServerError(f"The weight-transfer group with {self.config.base_url} did not form within 300 s.")
+        self.sent_metas = None  # a new group: the server knows no metadata yet
+
+    @torch.no_grad()
+    def generate(self, prompt_ids: list[list[int]], with_logprobs: bool = False) -> Completions:
+        fields = sampling_fields(self.config, with_logprobs) | (self.config.generation_kwargs or {})
+        accelerator = self.accelerator
+        if accelerator.num_processes == 1:
+            samples = self._complete(prompt_ids, fields)
+        else:
+            every = gather_object([prompt_ids])  # one list per process, in process order
+            samples = scatter_from_main(accelerator, lambda: split(self._complete(sum(every, []), fields), every))
+        return to_completions(samples, self.tokenizer.pad_token_id, with_logprobs, accelerator.device)
+
+    def _complete(self, prompt_ids: list[list[int]], fields: dict) -> list[Sample]:
+        """Every prompt's completion, asking for each run of identical prompts once with n = the run's length."""
+        runs = prompt_runs(prompt_ids)
+        samples_of_run: list[list[Sample]] = [[] for _ in runs]
+        for count, indices in runs_by_count(runs).items():
+            body = {"model": self.model_id, "prompt": [runs[i][0] for i in indices], "n": count,
+                    "return_token_ids": True, **fields}
+            choices = sorted(self._post_completions(body)["choices"], key=lambda choice: choice["index"])
+            for position, run in enumerate(indices):  # choice index = prompt's position x n + sample
+                samples_of_run[run] = [Sample.from_choice(c) for c in choices[position * count : (position + 1) * count]]
+        return [sample for samples in samples_of_run for sample in samples]
+
+    def _post_completions(self, body: dict) -> dict:
+        self.client.reconnected = False
+        response = self.client.post("/v1/completions", body)
+        if self.client.reconnected and self.client.get("/weight_info").get("weight_version") != self.version:
+            # The server went away and came back without this run's weights: these completions are from other ones.
+            log.warning("The vLLM server at %s restarted: sending it the current weights again", self.config.base_url)
+            if is_sharded(self.accelerator):
+                raise GenerationUnavailable(
+                    f"The vLLM server at {self.config.base_url} restarted and lost the trained weights, which only all "
+                    "processes together can send again."
+                )
+            self._open_weight_transfer()
+            self._sync(list(named_weights(self.model, self.accelerator)), self.version)
+            response = self.client.post("/v1/completions", body)
+        return response
+
+    def update_weights(self, model, step: int) -> None:
+        weights = list(named_weights(model, self.accelerator))  # every process: a sharded model gathers
+        on_main(self.accelerator, lambda: self._sync(weights, str(step)))
+
+    def _sync(self, weights: list[tuple[str, torch.Tensor]], version: str) -> None:
+        metas = [TensorMeta.of(name, tensor) for name, tensor in weights]
+        device = self.accelerator.device if self.transport == "nccl" else torch.device("cpu")
+        tensors = [tensor.detach().to(device) for _, tensor in weights]
+        self.client.post("/pause?" + urlencode({"mode": "wait"}))
+        self.client.post("/start_weight_update")
+        announced = update_info(metas if metas != self.sent_metas else [])  # unchanged: vLLM reuses the last ones
+        pool = ThreadPoolExecutor(max_workers=1)
+        try:
+            receiving = pool.submit(self.client.post, "/update_weights", {"update_info": announced})
+            try:
+                send(self.group, tensors)
+            except RuntimeError as error:  # the other end went away mid-broadcast
+                raise GenerationUnavailable(
+                    f"Sending weights to the vLLM server at {self.config.base_url} failed: {error}"
+                ) from None
+            receiving.result()
+        finally:
+            pool.shutdown(wait=False)  # a receiver stuck in a broadcast must not hang this process too
+        self.client.post("/finish_weight_update", {"weight_version": version})
+        self.client.post("/resume")
+        self.sent_metas, self.version = metas, version
+
+    def close(self):
+        if self.group is not None:
+            self.group.close()
+        if self.server is not None:
+            self.server.stop()
+
+
+def on_main(accelerator, work):
+    """`work()` on the main process; every process returns its result or raises its error."""
+    return scatter_from_main(accelerator, lambda: [work()] * accelerator.num_processes)
+
+
+def scatter_from_main(accelerator, work):
+    """`work()` on the main process returns one item per process; each process gets its own, or the error."""
+    if accelerator.num_processes == 1:
+        return work()[0]
+    outcomes = None
+    if accelerator.is_main_process:
+        try:
+            outcomes = [(True, item) for item in work()]
+        except Exception as error:  # every process raises it, instead of waiting forever for the main one
+            outcomes = [(False, error)] * accelerator.num_processes
+    received = [None]
+    torch.distributed.scatter_object_list(received, outcomes, src=0)
+    succeeded, value = received[0]
+    if not succeeded:
+        raise value
+    return value
+
+
+def split(samples: list, every: list[list]) -> list[list]:
+    """The samples of each process's prompts, in process order."""
+    shares, start = [], 0
+    for prompts in every:
+        shares.append(samples[start : start + len(prompts)])
+        start += len(prompts)
+    return shares
+
+
+def address_towards(host: str) -> str:
+    """This machine's address on the route to `host` (no packet is sent)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        probe.connect((socket.gethostbyname(host), 1))
+        return probe.getsockname()[0]
+
+
+def free_port(host: str) -> int:
+    with socket.socket() as probe:
+        probe.bind((host, 0))
+        return probe.getsockname()[1]

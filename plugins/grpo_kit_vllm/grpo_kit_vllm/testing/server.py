@@ -1,0 +1,793 @@
+"""A CPU stand-in for `vllm serve`: the part of vLLM 0.33's HTTP API that grpo_kit's vLLM client speaks.
+
+    python -m grpo_kit_vllm.testing.server MODEL_PATH --port PORT [--host 127.0.0.1] [--seed 0]
+
+CI tests the client against it end to end, and it lets server mode run on a machine without a GPU. It generates
+with transformers' `model.generate` on the CPU, in float32, and takes weights from a trainer the way vLLM's RL routes
+do (`/init_weight_transfer_engine`, then per sync `/pause`, `/start_weight_update`, `/update_weights` while the
+trainer broadcasts, `/finish_weight_update`, `/resume`). Requests, responses and errors have vLLM's shapes; the
+semantics follow vLLM's (sources: entrypoints/openai/completion, entrypoints/rl/online/api_router.py,
+distributed/weight_transfer/nccl_engine.py) except where this list says otherwise:
+
+- Weights arrive over gloo (`transport.GlooGroup`, CPU to CPU), never NCCL: an init request carrying
+  `nccl_unique_id_b64` is refused; run the trainer with `generation.weight_transport=gloo`.
+- One worker, one request at a time: generation and weight loading take turns under one lock.
+- `/pause` waits for the request being generated to finish, whatever the mode (vLLM aborts it in `abort` mode and
+  freezes it in `keep` mode). While paused, `abort` and `wait` answer new completions 503, as vLLM does; `keep`
+  holds them until `/resume`.
+- Sampling is transformers': its logits processors run in its order (repetition penalty, temperature, top-k,
+  top-p, min-p), and the returned log-probs are vLLM's `--logprobs-mode processed_logprobs`: the log-softmax of
+  the distribution actually sampled from. With `temperature` 0 decoding is greedy, as in vLLM. A `seed` seeds the
+  whole request (vLLM seeds each sequence); either way it leaves the server's own random stream untouched.
+- The request fields vLLM has and this server does not implement (stop strings, beam search, presence and
+  frequency penalties, ...) are refused with a 400 when set; fields vLLM does not know are ignored, as vLLM does.
+- `/weight_checker` keys its SHA-256 digests by transformers' parameter names
+  (`model.layers.0.self_attn.q_proj.weight`), so they compare with a trainer's. vLLM keys them by worker and by its
+  own, often fused, parameter names (`dp0:pp0:pcp0:tp0:model.layers.0.self_attn.qkv_proj.weight`), in the dtype
+  it serves: there, compare a server with itself (`action: compare` against an earlier `checksum`), not with the
+  trainer.
+- Calling the weight-update routes out of order (`/update_weights` before `/start_weight_update`, ...) answers
+  400 here; vLLM's workers raise a RuntimeError there, which its server answers 500.
+"""
+
+import argparse
+import contextlib
+import itertools
+import json
+import signal
+import sys
+import threading
+import time
+import traceback
+import uuid
+from dataclasses import dataclass
+from http import HTTPStatus
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import parse_qs, urlsplit
+
+import torch
+import transformers
+
+from grpo_kit_vllm import transport
+
+DEFAULT_MAX_TOKENS = 16  # vLLM's CompletionRequest.max_tokens
+MAX_LOGPROBS = 20  # vLLM's --max-logprobs default
+GREEDY_TEMPERATURE = 1e-5  # vLLM samples greedily below this temperature
+LOGPROB_FLOOR = -9999.0  # vLLM's stand-in for -inf, which JSON cannot carry
+INITIAL_WEIGHT_VERSION = "default"  # vLLM's engine starts with this label
+PAUSE_MODES = ("abort", "wait", "keep")
+# The sampling fields vLLM takes from the model's generation_config.json when a request leaves them unset.
+MODEL_SAMPLING_DEFAULTS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
+# vLLM request fields this server does not implement, with the values that leave them off.
+UNSUPPORTED_FIELDS = {
+    "echo": (False,),
+    "stop": ([], ""),
+    "presence_penalty": (0,),
+    "frequency_penalty": (0,),
+    "logit_bias": ({},),
+    "use_beam_search": (False,),
+    "min_tokens": (0,),
+    "prompt_logprobs": (),
+    "logprob_token_ids": ([],),
+    "allowed_token_ids": (),
+    "bad_words": ([],),
+    "suffix": (),
+    "prompt_embeds": (),
+    "structured_outputs": (),
+    "response_format": (),
+    "truncate_prompt_tokens": (),
+}
+ERROR_TYPES = {
+    HTTPStatus.BAD_REQUEST: "BadRequestError",
+    HTTPStatus.NOT_FOUND: "NotFoundError",
+    HTTPStatus.INTERNAL_SERVER_ERROR: "InternalServerError",
+    HTTPStatus.SERVICE_UNAVAILABLE: "ServiceUnavailableError",
+}
+
+
+class RequestError(Exception):
+    """An error answered in vLLM's ErrorResponse shape."""
+
+    def __init__(self, message: str, status: HTTPStatus = HTTPStatus.BAD_REQUEST, param: str | None = None):
+        super().__init__(message)
+        self.message, self.status, self.param = message, status, param
+
+    def body(self) -> dict:
+        error_type = ERROR_TYPES.get(self.status, self.status.phrase)
+        return {"error": {"message": self.message, "type": error_type, "param": self.param, "code": self.status.value}}
+
+
+@dataclass(frozen=True)
+class CompletionRequest:
+    """A validated /v1/completions request: the prompts as token ids and how to sample from them."""
+
+    prompts: list[list[int]]
+    n: int
+    max_tokens: int
+    temperature: float
+    top_p: float
+    top_k: int  # 0: off
+    min_p: float
+    repetition_penalty: float
+    seed: int | None
+    logprobs: int | None  # how many top log-probs besides the sampled token's; None: no log-probs at all
+    stop_token_ids: frozenset[int]
+    ignore_eos: bool
+    skip_special_tokens: bool
+    include_stop_str_in_output: bool
+    return_token_ids: bool
+    return_tokens_as_token_ids: bool
+    return_weight_versions: bool
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature < GREEDY_TEMPERATURE
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One completion as sampled, before it is written out as a choice."""
+
+    token_ids: list[int]
+    finish_reason: str  # "stop": it sampled a stop token, kept as its last token; "length": it used up its budget
+    stop_reason: int | None  # the stop token where it is one of stop_token_ids; None for the EOS token, as in vLLM
+    logprobs: list[float] | None  # the processed log-prob of each sampled token
+    top_logprobs: list[list[tuple[int, float]]] | None  # per token, the most likely (token id, log-prob) pairs
+
+
+def _field(body: dict, name: str, types: type | tuple[type, ...], default=None, check=None, rule: str = ""):
+    """`body[name]` (or `default` where absent or null), refused with a 400 unless of `types` and passing `check`."""
+    value = body.get(name)
+    if value is None:
+        return default
+    types = types if isinstance(types, tuple) else (types,)
+    if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):  # JSON true is no number
+        kind = " or ".join(t.__name__ for t in types)
+        raise RequestError(f"`{name}` must be a {kind}, got {value!r}.", param=name)
+    if check is not None and not check(value):
+        raise RequestError(f"`{name}` must be {rule}, got {value!r}.", param=name)
+    return value
+
+
+class Worker:
+    """The model, its tokenizer and the lock that makes generation and weight loading take turns."""
+
+    def __init__(self, model_path: str, seed: int):
+        torch.manual_seed(seed)  # the server's own random stream, which unseeded requests continue
+        self.name = model_path  # vllm serve serves a model under the path it was given
+        self.tokenizer = transformers.AutoTokenizer.from_pretrained(model_path)
+        self.model = transformers.AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
+        model_generation = self.model.generation_config.to_diff_dict()
+        self.sampling_defaults = {
+            name: model_generation[name] for name in MODEL_SAMPLING_DEFAULTS if model_generation.get(name) is not None
+        }
+        self.eos_token_id = self.tokenizer.eos_token_id
+        # vLLM stops on the generation config's other EOS ids as if they were stop_token_ids (unless ignore_eos).
+        configured_eos = model_generation.get("eos_token_id")
+        configured_eos = [configured_eos] if isinstance(configured_eos, int) else configured_eos or []
+        self.extra_eos_ids = frozenset(configured_eos) - {self.eos_token_id}
+        # Nothing else of generation_config.json reaches vLLM's sampler; without this, generate() would apply it.
+        self.model.generation_config = transformers.GenerationConfig()
+        pad = self.tokenizer.pad_token_id
+        self.pad_token_id = pad if pad is not None else (self.eos_token_id if self.eos_token_id is not None else 0)
+        self.vocab_size = self.model.get_input_embeddings().num_embeddings
+        self.max_model_len = self.model.config.get_text_config().max_position_embeddings
+        # Every tensor a trainer may send, by its checkpoint name, a tied `lm_head.weight` too; loaded in place.
+        self.targets = dict(self.model.named_buffers(remove_duplicate=False)) | dict(
+            self.model.named_parameters(remove_duplicate=False)
+        )
+        self.lock = threading.Lock()
+        self.weight_version = INITIAL_WEIGHT_VERSION
+
+    # --- /v1/completions ---
+
+    def parse(self, body: dict) -> CompletionRequest:
+        """The request's fields, checked as vLLM checks them (its messages where it has one)."""
+        if body.get("stream"):
+            raise RequestError("This CPU test server does not stream: send `stream` false.", param="stream")
+        for name, off in UNSUPPORTED_FIELDS.items():
+            if body.get(name) is not None and body[name] not in off:
+                raise RequestError(f"`{name}` is not supported by this CPU test server.", param=name)
+        model = _field(body, "model", str)
+        if model is not None and model != self.name:
+            raise RequestError(
+                f"The model `{model}` does not exist. Valid aliases: {self.name}.", HTTPStatus.NOT_FOUND, "model"
+            )
+        add_special_tokens = _field(body, "add_special_tokens", bool, True)
+        prompts = self._prompts(body.get("prompt"), add_special_tokens)
+
+        max_tokens = _field(body, "max_tokens", int, DEFAULT_MAX_TOKENS, lambda v: v >= 1, "at least 1")
+        if max_tokens > self.max_model_len:
+            raise RequestError(
+                f"max_tokens={max_tokens} cannot be greater than max_model_len={self.max_model_len}. "
+                "Please request fewer output tokens.",
+                param="max_tokens",
+            )
+        for prompt in prompts:
+            if len(prompt) >= self.max_model_len:
+                raise RequestError(
+                    f"This model's maximum context length is {self.max_model_len} tokens. However, your prompt "
+                    f"contains {len(prompt)} input tokens, which leaves no room for output tokens. "
+                    "Please reduce the length of the input prompt.",
+                    param="input_tokens",
+                )
+        logprobs = _field(body, "logprobs", int, None, lambda v: v >= -1, "a positive value or -1")
+        if logprobs is not None and (self.vocab_size if logprobs == -1 else logprobs) > MAX_LOGPROBS:
+            raise RequestError(
+                f"Requested sample logprobs of {logprobs}, which is greater than max allowed: {MAX_LOGPROBS}",
+                param="logprobs",
+            )
+        stop_token_ids = _field(body, "stop_token_ids", list, [])
+        if not all(isinstance(token, int) and not isinstance(token, bool) for token in stop_token_ids):
+            raise RequestError("`stop_token_ids` must be a list of token ids.", param="stop_token_ids")
+        ignore_eos = _field(body, "ignore_eos", bool, False)
+        defaults = self.sampling_defaults
+        top_k = _field(body, "top_k", int, defaults.get("top_k", 0), lambda v: v >= -1, "0 or -1 (off), or >= 1")
+        return CompletionRequest(
+            prompts=prompts,
+            n=_field(body, "n", int, 1, lambda v: v >= 1, "at least 1"),
+            max_tokens=max_tokens,
+            temperature=_field(
+                body, "temperature", (int, float), defaults.get("temperature", 1.0), lambda v: v >= 0, "non-negative"
+            ),
+            top_p=_field(body, "top_p", (int, float), defaults.get("top_p", 1.0), lambda v: 0 < v <= 1, "in (0, 1]"),
+            top_k=max(top_k, 0),
+            min_p=_field(body, "min_p", (int, float), defaults.get("min_p", 0.0), lambda v: 0 <= v <= 1, "in [0, 1]"),
+            repetition_penalty=_field(
+                body,
+                "repetition_penalty",
+                (int, float),
+                defaults.get("repetition_penalty", 1.0),
+                lambda v: v > 0,
+                "greater than zero",
+            ),
+            seed=_field(body, "seed", int),
+            logprobs=self.vocab_size if logprobs == -1 else logprobs,
+            # vLLM stops on the generation config's extra EOS ids unless told to ignore EOS.
+            stop_token_ids=frozenset(stop_token_ids) | (frozenset() if ignore_eos else self.extra_eos_ids),
+            ignore_eos=ignore_eos,
+            skip_special_tokens=_field(body, "skip_special_tokens", bool, True),
+            include_stop_str_in_output=_field(body, "include_stop_str_in_output", bool, False),
+            return_token_ids=_field(body, "return_token_ids", bool, False),
+            return_tokens_as_token_ids=_field(body, "return_tokens_as_token_ids", bool, False),
+            return_weight_versions=_field(body, "return_weight_versions", bool, False),
+        )
+
+    def _prompts(self, prompt, add_special_tokens: bool) -> list[list[int]]:
+        """The prompt field as lists of token ids: one list, a list of lists, a text or a list of texts."""
+        if prompt is None or prompt == "":
+            raise RequestError("Either prompt or prompt_embeds must be provided and non-empty.", param="prompt")
+        if isinstance(prompt, str) or (isinstance(prompt, list) and prompt and isinstance(prompt[0], int)):
+            prompt = [prompt]
+        if not isinstance(prompt, list) or not prompt:
+            raise RequestError("`prompt` must be token ids, a list of lists of token ids, or text.", param="prompt")
+        prompts = []
+        for item in prompt:
+            if isinstance(item, str):
+                item = self.tokenizer(item, add_special_tokens=add_special_tokens)["input_ids"]
+            if not isinstance(item, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in item):
+                raise RequestError("`prompt` must be token ids, a list of lists of token ids, or text.", param="prompt")
+            if not item:
+                raise RequestError("The decoder prompt cannot be empty.", param="prompt")
+            if out_of_vocabulary := [t for t in item if not 0 <= t < self.vocab_size]:
+                raise RequestError(f"Token id {out_of_vocabulary[0]} is out of vocabulary.", param="prompt")
+            prompts.append(item)
+        return prompts
+
+    def complete(self, request: CompletionRequest) -> dict:
+        """vLLM's CompletionResponse for `request`: choice `i * n + j` is the `j`-th completion of prompt `i`."""
+        rows = [prompt for prompt in request.prompts for _ in range(request.n)]
+        budgets = [min(request.max_tokens, self.max_model_len - len(prompt)) for prompt in rows]
+        # transformers' repetition penalty also counts a left-padded row's pad tokens: with a penalty, generate each
+        # prompt's rows apart (they share a length, so need no padding).
+        batch_size = len(rows) if request.repetition_penalty == 1 else request.n
+        seeded = torch.random.fork_rng(devices=[]) if request.seed is not None else contextlib.nullcontext()
+        samples = []
+        with self.lock, seeded:
+            if request.seed is not None:
+                torch.manual_seed(request.seed)
+            for start in range(0, len(rows), batch_size):
+                samples += self._generate(
+                    rows[start : start + batch_size], budgets[start : start + batch_size], request
+                )
+            version = self.weight_version
+        prompt_tokens = sum(len(prompt) for prompt in request.prompts)
+        completion_tokens = sum(len(sample.token_ids) for sample in samples)
+        return {
+            "id": f"cmpl-{uuid.uuid4().hex}",
+            "object": "text_completion",
+            "created": int(time.time()),
+            "model": self.name,
+            "choices": [
+                self._choice(index, row, sample, request, version)
+                for index, (row, sample) in enumerate(zip(rows, samples))
+            ],
+            "usage": {
+                "prompt_tokens": prompt_tokens,
+                "completion_tokens": completion_tokens,
+                "total_tokens": prompt_tokens + completion_tokens,
+            },
+        }
+
+    @torch.inference_mode()
+    def _generate(self, rows: list[list[int]], budgets: list[int], request: CompletionRequest) -> list[Sample]:
+        """Sample a completion for each row, left-padded into one batch, each stopping at its own budget."""
+        width = max(len(row) for row in rows)
+        input_ids = torch.tensor([[self.pad_token_id] * (width - len(row)) + row for row in rows])
+        attention_mask = torch.tensor([[0] * (width - len(row)) + [1] * len(row) for row in rows])
+        eos_ids = {self.eos_token_id} if self.eos_token_id is not None and not request.ignore_eos else set()
+        stop_ids = eos_ids | request.stop_token_ids
+        config = transformers.GenerationConfig(
+            max_new_tokens=max(budgets),
+            do_sample=not request.greedy,
+            temperature=1.0 if request.greedy else request.temperature,
+            top_k=request.top_k,
+            top_p=request.top_p,
+            min_p=request.min_p,
+            repetition_penalty=request.repetition_penalty,
+            eos_token_id=sorted(stop_ids),  # empty: stop on none (None would bring back the model's own)
+            pad_token_id=self.pad_token_id,
+            output_scores=True,  # the logits after every processor: the distribution each token was sampled from
+            return_dict_in_generate=True,
+            disable_compile=True,
+        )
+        output = self.model.generate(input_ids=input_ids, attention_mask=attention_mask, generation_config=config)
+        generated = output.sequences[:, width:]
+        if request.logprobs is not None:
+            sampled_logprobs, top = self._step_logprobs(output.scores, generated, request.logprobs)
+        samples = []
+        for row, budget in enumerate(budgets):
+            token_ids = generated[row, :budget].tolist()
+            stop_at = next((i for i, token in enumerate(token_ids) if token in stop_ids), None)
+            if stop_at is None:
+                finish_reason, stop_reason = "length", None
+            else:
+                token_ids = token_ids[: stop_at + 1]
+                finish_reason, stop_reason = "stop", None if token_ids[-1] in eos_ids else token_ids[-1]
+            logprobs = top_logprobs = None
+            if request.logprobs is not None:
+                logprobs = sampled_logprobs[row, : len(token_ids)].tolist()
+                top_logprobs = [
+                    list(zip(indices[row].tolist(), values[row].tolist())) for values, indices in top[: len(token_ids)]
+                ]
+            samples.append(Sample(token_ids, finish_reason, stop_reason, logprobs, top_logprobs))
+        return samples
+
+    @staticmethod
+    def _step_logprobs(scores: tuple[torch.Tensor, ...], generated: torch.Tensor, top_k: int):
+        """The log-prob of each generated token under its step's scores, and each step's `top_k` best (values, ids)."""
+        sampled, top = [], []
+        for step, step_scores in enumerate(scores):
+            logprobs = step_scores.float().log_softmax(-1)
+            sampled.append(logprobs.gather(1, generated[:, step, None]).squeeze(1))
+            top.append(logprobs.topk(min(top_k, logprobs.shape[-1])))
+        return torch.stack(sampled, 1), top
+
+    def _choice(self, index: int, prompt: list[int], sample: Sample, request: CompletionRequest, version: str) -> dict:
+        """vLLM's CompletionResponseChoice for one sample (its text leaves out the stop token, as vLLM's does)."""
+        drop_stop = sample.finish_reason == "stop" and not request.include_stop_str_in_output
+        text_ids = sample.token_ids[:-1] if drop_stop else sample.token_ids
+        return {
+            "index": index,
+            "text": self.tokenizer.decode(text_ids, skip_special_tokens=request.skip_special_tokens),
+            "logprobs": None if request.logprobs is None else self._completion_logprobs(sample, request),
+            "finish_reason": sample.finish_reason,
+            "stop_reason": sample.stop_reason,
+            "token_ids": sample.token_ids if request.return_token_ids else None,
+            "prompt_logprobs": None,
+            "prompt_token_ids": prompt if request.return_token_ids else None,
+            "weight_versions": (
+                [{"version": version, "start": 0, "end": len(sample.token_ids)}]
+                if request.return_weight_versions
+                else None
+            ),
+        }
+
+    def _completion_logprobs(self, sample: Sample, request: CompletionRequest) -> dict:
+        """vLLM's CompletionLogProbs: per token its text, log-prob, offset in the text, and the top `logprobs` + 1."""
+
+        def token(token_id: int) -> str:
+            return f"token_id:{token_id}" if request.return_tokens_as_token_ids else self.tokenizer.decode([token_id])
+
+        tokens = [token(token_id) for token_id in sample.token_ids]
+        text_offset = list(itertools.accumulate((len(text) for text in tokens[:-1]), initial=0))
+        top_logprobs = []
+        for token_id, logprob, top in zip(sample.token_ids, sample.logprobs, sample.top_logprobs):
+            candidates = {token_id: logprob}  # the sampled token first, then the most likely others
+            for candidate, candidate_logprob in top:
+                candidates.setdefault(candidate, candidate_logprob)
+            kept = list(candidates.items())[: request.logprobs + 1]
+            top_logprobs.append({token(candidate): max(value, LOGPROB_FLOOR) for candidate, value in kept})
+        return {
+            "text_offset": text_offset,
+            "token_logprobs": [max(logprob, LOGPROB_FLOOR) for logprob in sample.logprobs],
+            "tokens": tokens,
+            "top_logprobs": top_logprobs,
+        }
+
+    # --- weights ---
+
+    @torch.no_grad()
+    def load(self, named_tensors) -> None:
+        for name, tensor in named_tensors:
+            self.targets[name].copy_(tensor)
+
+    def checksums(self) -> dict[str, str]:
+        with self.lock:
+            return transport.digests(self.model.named_parameters())
+
+    @torch.no_grad()
+    def reset(self) -> None:
+        with self.lock:
+            for parameter in self.model.parameters():
+                parameter.zero_()
+
+
+class Gate:
+    """vLLM's pause: while paused, new completions are refused (modes abort, wait) or held until resume (keep)."""
+
+    def __init__(self):
+        self.condition = threading.Condition()
+        self.mode: str | None = None  # None: not paused
+        self.in_flight = 0
+
+    @contextlib.contextmanager
+    def admit(self):
+        with self.condition:
+            while self.mode is not None:
+                if self.mode != "keep":
+                    raise RequestError(
+                        "Generation is paused. Please retry after it resumes.", HTTPStatus.SERVICE_UNAVAILABLE
+                    )
+                self.condition.wait()
+            self.in_flight += 1
+        try:
+            yield
+        finally:
+            with self.condition:
+                self.in_flight -= 1
+                self.condition.notify_all()
+
+    def pause(self, mode: str) -> None:
+        """Close the gate, then wait for the completions already admitted (vLLM would abort or freeze them)."""
+        with self.condition:
+            self.mode = mode
+            self.condition.notify_all()  # requests held in keep mode look again: abort and wait refuse them
+            self.condition.wait_for(lambda: self.in_flight == 0)
+
+    def resume(self) -> None:
+        with self.condition:
+            self.mode = None
+            self.condition.notify_all()
+
+
+# The fields of vLLM's NCCLWeightTransferInitInfo and NCCLWeightTransferUpdateInfo.
+INIT_FIELDS = {
+    "master_address",
+    "master_port",
+    "rank_offset",
+    "world_size",
+    "nccl_unique_id_b64",
+    "packed",
+    "packed_buffer_size_bytes",
+    "packed_num_buffers",
+}
+UPDATE_FIELDS = {"names", "dtype_names", "shapes"}
+
+
+class WeightSync:
+    """The receiving end of vLLM's weight transfer: the trainer's group and the update round in progress."""
+
+    def __init__(self, worker: Worker):
+        self.worker = worker
+        self.lock = threading.Lock()  # taken before the worker's lock, never after
+        self.group: transport.GlooGroup | None = None
+        self.packed, self.buffer_bytes = False, transport.BUFFER_BYTES
+        self.updating = False
+        self.last_metas: list[transport.TensorMeta] = []  # what an update with empty metadata receives again
+
+    def init(self, body: dict, query: dict) -> dict:
+        info = body.get("init_info")
+        if not isinstance(info, dict):
+            raise RequestError("`init_info` must be an object.", param="init_info")
+        if info.get("nccl_unique_id_b64"):
+            raise RequestError(
+                "This CPU test server receives weights over gloo only, from a trainer that opens a TCPStore at "
+                "master_address:master_port, not over NCCL: run the trainer with generation.weight_transport=gloo.",
+                param="init_info",
+            )
+        if unknown := sorted(info.keys() - INIT_FIELDS):
+            raise RequestError(f"Invalid init_info: unexpected fields {unknown}.", param="init_info")
+        address = _required(info, "master_address", str)
+        port = _required(info, "master_port", int)
+        rank_offset = _required(info, "rank_offset", int)
+        world_size = _required(info, "world_size", int)
+        if rank_offset < 0 or world_size != rank_offset + 1:
+            raise RequestError(
+                f"This server has one worker, at rank rank_offset: world_size must be rank_offset + 1, got "
+                f"rank_offset={rank_offset} and world_size={world_size}.",
+                param="init_info",
+            )
+        packed = _field(info, "packed", bool, False)  # vLLM's worker-side default
+        buffer_bytes = _field(
+            info, "packed_buffer_size_bytes", int, transport.BUFFER_BYTES, lambda v: v > 0, "a positive size"
+        )
+        # Checked as vLLM would, then unused: this server receives one chunk at a time.
+        _field(info, "packed_num_buffers", int, transport.NUM_BUFFERS, lambda v: v >= 1, "at least 1")
+        with self.lock:
+            self.close()
+            # Blocks until the trainer, rank 0, has joined: it posts this request while opening its own end.
+            self.group = transport.GlooGroup(address, port, rank=rank_offset, world_size=world_size)
+            self.packed, self.buffer_bytes, self.last_metas = packed, buffer_bytes, []
+        return {"message": "Weight transfer initialized"}
+
+    def start(self, body: dict, query: dict) -> dict:
+        with self.lock:
+            if self.group is None:
+                raise RequestError("Weight transfer is not initialized: POST /init_weight_transfer_engine first.")
+            if self.updating:
+                raise RequestError(
+                    "start_weight_update called while a weight update is already active. "
+                    "Call finish_weight_update first."
+                )
+            self.updating = True
+        return {"message": "Weight update started"}
+
+    def update(self, body: dict, query: dict) -> dict:
+        info = body.get("update_info")
+        if isinstance(info, list) and len(info) == 1:  # vLLM also takes one update_info per worker
+            info = info[0]
+        if not isinstance(info, dict):
+            raise RequestError("`update_info` must be an object.", param="update_info")
+        with self.lock:
+            if self.group is None:
+                raise RequestError("Weight transfer is not initialized: POST /init_weight_transfer_engine first.")
+            if not self.updating:
+                raise RequestError("start_weight_update must be called before update_weights.")
+            try:
+                metas = self._metas(info)
+                # Refused weights are received all the same: the trainer is broadcasting them and must not hang.
+                refused = self._refused(metas)
+                with self.worker.lock:
+                    for chunk in self._receive(metas):
+                        if not refused:
+                            self.worker.load(chunk)
+                if refused:
+                    raise RequestError(
+                        "update_weights sent weights this model cannot take, so none was loaded: " + "; ".join(refused),
+                        param="update_info",
+                    )
+            except BaseException:
+                self.updating = False  # as vLLM's worker, a failed update ends the round
+                raise
+        return {"message": "Weights updated"}
+
+    def finish(self, body: dict, query: dict) -> dict:
+        version = _field(body, "weight_version", str)
+        with self.lock:
+            if not self.updating:
+                raise RequestError("finish_weight_update called without a matching start_weight_update.")
+            self.updating = False
+            if version is not None:  # vLLM keeps the last version when none is given
+                with self.worker.lock:
+                    self.worker.weight_version = version
+        return {"message": "Weight update finished"}
+
+    def shutdown(self, body: dict, query: dict) -> dict:
+        with self.lock:
+            if self.updating:
+                raise RequestError("Cannot release a trainer connection during a weight update")
+            self.close()
+        return {"message": "Weight transfer shut down"}
+
+    def close(self) -> None:
+        if self.group is not None:
+            self.group.close()
+            self.group = None
+
+    def _metas(self, info: dict) -> list[transport.TensorMeta]:
+        """The tensors this round announces; empty lists: those of the round before, as vLLM allows."""
+        if unknown := sorted(info.keys() - UPDATE_FIELDS):
+            raise RequestError(f"Invalid update_info: unexpected fields {unknown}.", param="update_info")
+        names, dtype_names, shapes = (_field(info, key, list, []) for key in ("names", "dtype_names", "shapes"))
+        if len(dtype_names) != len(names) or len(shapes) != len(names):
+            raise RequestError(
+                f"`names`, `dtype_names` and `shapes` must have the same length: got {len(names)}, "
+                f"{len(dtype_names)} and {len(shapes)}.",
+                param="update_info",
+            )
+        if not names:
+            return self.last_metas
+        for name, dtype_name, shape in zip(names, dtype_names, shapes):
+            # Without a dtype and shape the received bytes cannot even be cut into tensors.
+            if not isinstance(getattr(torch, str(dtype_name), None), torch.dtype):
+                raise RequestError(f"{name}: unknown dtype {dtype_name!r}.", param="update_info")
+            if not isinstance(shape, list) or not all(isinstance(size, int) and size >= 0 for size in shape):
+                raise RequestError(f"{name}: shape {shape!r} is not a list of sizes.", param="update_info")
+        self.last_metas = transport.metas_of(info)
+        return self.last_metas
+
+    def _refused(self, metas: list[transport.TensorMeta]) -> list[str]:
+        targets = self.worker.targets
+        refused = []
+        for meta in metas:
+            target = targets.get(meta.name)
+            if target is None:
+                refused.append(f"{meta.name} is no parameter or buffer of the model")
+            elif tuple(target.shape) != meta.shape:
+                refused.append(f"{meta.name} has shape {list(meta.shape)}, the model's {list(target.shape)}")
+        return refused
+
+    def _receive(self, metas: list[transport.TensorMeta]):
+        """The round's (name, tensor) pairs, a chunk at a time: packed as vLLM packs them, or one broadcast each."""
+        if self.packed:
+            yield from transport.receive(self.group, metas, buffer_bytes=self.buffer_bytes)
+            return
+        for meta in metas:
+            tensor = torch.empty(meta.shape, dtype=meta.dtype)
+            self.group.broadcast(tensor)
+            yield [(meta.name, tensor)]
+
+
+def _required(info: dict, name: str, types: type):
+    value = _field(info, name, types)
+    if value is None:
+        raise RequestError(f"Invalid init_info: `{name}` is required.", param="init_info")
+    return value
+
+
+class Server(ThreadingHTTPServer):
+    """The HTTP routes: vLLM's paths, each a function of the JSON body and the query."""
+
+    daemon_threads = True  # a request blocked on a trainer that never comes must not keep the process alive
+
+    def __init__(self, address: tuple[str, int], worker: Worker):
+        super().__init__(address, Handler)
+        self.worker, self.gate, self.weights = worker, Gate(), WeightSync(worker)
+        self.routes = {
+            ("GET", "/health"): lambda body, query: None,
+            ("GET", "/v1/models"): self.models,
+            ("GET", "/get_world_size"): lambda body, query: {"world_size": 1},
+            ("GET", "/is_paused"): lambda body, query: {"is_paused": self.gate.mode is not None},
+            ("GET", "/weight_info"): lambda body, query: {"weight_version": self.worker.weight_version},
+            ("POST", "/v1/completions"): self.completions,
+            ("POST", "/pause"): self.pause,
+            ("POST", "/resume"): self.resume,
+            ("POST", "/init_weight_transfer_engine"): self.weights.init,
+            ("POST", "/start_weight_update"): self.weights.start,
+            ("POST", "/update_weights"): self.weights.update,
+            ("POST", "/finish_weight_update"): self.weights.finish,
+            ("POST", "/shutdown_weight_transfer_engine"): self.weights.shutdown,
+            ("POST", "/weight_checker"): self.weight_checker,
+        }
+
+    def models(self, body: dict, query: dict) -> dict:
+        card = {
+            "id": self.worker.name,
+            "object": "model",
+            "created": int(time.time()),
+            "owned_by": "vllm",
+            "root": self.worker.name,
+            "parent": None,
+            "max_model_len": self.worker.max_model_len,
+            "permission": [],
+        }
+        return {"object": "list", "data": [card]}
+
+    def completions(self, body: dict, query: dict) -> dict:
+        request = self.worker.parse(body)  # a bad request is a 400 even while paused, as in vLLM
+        with self.gate.admit():
+            return self.worker.complete(request)
+
+    def pause(self, body: dict, query: dict) -> dict:
+        mode = query.get("mode", ["abort"])[0]
+        if mode not in PAUSE_MODES:
+            raise RequestError(f"`mode` must be one of {', '.join(PAUSE_MODES)}, got {mode!r}.", param="mode")
+        self.gate.pause(mode)
+        return {"status": "paused"}
+
+    def resume(self, body: dict, query: dict) -> dict:
+        self.gate.resume()
+        return {"status": "resumed"}
+
+    def weight_checker(self, body: dict, query: dict) -> dict:
+        action = body.get("action")
+        if action == "reset":
+            self.worker.reset()
+            return {"status": "reset"}
+        if action not in ("checksum", "compare"):
+            raise RequestError(f"`action` must be checksum, compare or reset, got {action!r}.", param="action")
+        baseline = body.get("baseline")
+        if action == "compare" and not isinstance(baseline, dict):
+            raise RequestError("action='compare' requires a 'baseline' object", param="baseline")
+        checksums = self.worker.checksums()
+        if action == "checksum":
+            return {"checksums": checksums}
+        mismatches = sorted(
+            key for key in checksums.keys() | baseline.keys() if checksums.get(key) != baseline.get(key)
+        )
+        return {"match": not mismatches, "mismatches": mismatches}
+
+
+class Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"  # keep-alive, as vLLM's uvicorn: every answer carries its Content-Length
+    server: Server
+
+    def do_GET(self):
+        self._answer("GET")
+
+    def do_POST(self):
+        self._answer("POST")
+
+    def _answer(self, method: str) -> None:
+        url = urlsplit(self.path)
+        try:
+            body = self._body()  # read whatever the route, so the next request on this connection starts clean
+            route = self.server.routes.get((method, url.path))
+            if route is None:
+                if any(path == url.path for _, path in self.server.routes):
+                    raise RequestError("Method Not Allowed", HTTPStatus.METHOD_NOT_ALLOWED)
+                raise RequestError("Not Found", HTTPStatus.NOT_FOUND)
+            status, payload = HTTPStatus.OK, route(body, parse_qs(url.query))
+        except RequestError as error:
+            status, payload = error.status, error.body()
+        except Exception as error:
+            traceback.print_exc()
+            status = HTTPStatus.INTERNAL_SERVER_ERROR
+            payload = RequestError(f"{type(error).__name__}: {error}", status).body()
+        data = b"" if payload is None else json.dumps(payload).encode()
+        try:
+            self.send_response(status)
+            if payload is not None:
+                self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # the client gave up waiting; nothing is left to tell it
+
+    def _body(self) -> dict:
+        raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        if not raw.strip():
+            return {}
+        try:
+            body = json.loads(raw)
+        except ValueError as error:
+            raise RequestError(f"The request body is not JSON: {error}") from None
+        if not isinstance(body, dict):
+            raise RequestError("The request body must be a JSON object.")
+        return body
+
+    def log_message(self, format, *args):
+        pass  # no access log: a training run sends a request per batch and per sync
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        prog="python -m grpo_kit_vllm.testing.server",
+        description="A CPU test server that speaks the part of vLLM's HTTP API grpo_kit's vLLM client uses.",
+    )
+    parser.add_argument("model", help="a model folder or Hub id; the served model's name, as with vllm serve")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--seed", type=int, default=0, help="seeds the sampling of requests that bring no seed")
+    args = parser.parse_args(argv)
+    transformers.logging.set_verbosity_error()  # greedy requests would be told that their top_k goes unused
+    server = Server((args.host, args.port), Worker(args.model, args.seed))
+
+    def stop(signum, frame):
+        threading.Thread(target=server.shutdown).start()  # shutdown() waits for serve_forever, in this thread
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    host, port = server.server_address[:2]
+    print(f"ready on http://{host}:{port}", file=sys.stderr, flush=True)
+    try:
+        server.serve_forever()
+    finally:
+        server.weights.close()
+        server.server_close()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,210 @@
+"""The parts of both vLLM backends that need no server and no vLLM: requests, responses, weights, errors."""
+
+import copy
+import json
+import socket
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+import torch
+
+from grpo_kit.errors import ConfigError, GenerationUnavailable
+from grpo_kit_vllm.client import ServerClient, ServerError
+from grpo_kit_vllm.completions import Sample, prompt_runs, runs_by_count, sampling_fields, to_completions
+from grpo_kit_vllm.config import VLLMColocateConfig, VLLMServerConfig
+from grpo_kit_vllm.launch import vllm_serve_advice
+from grpo_kit_vllm.transport import BUFFER_BYTES, TensorMeta, chunk_bounds, metas_of, update_info
+from grpo_kit_vllm.weights import merged_lora_weights, named_weights
+
+
+def test_each_run_of_identical_prompts_is_asked_for_once():
+    a, b = [1, 2], [3]
+    runs = prompt_runs([a, a, a, b, b, b, a, a, a])
+    assert runs == [(a, 3), (b, 3), (a, 3)]  # a prompt drawn twice is two runs, still n=3 each
+    assert runs_by_count(runs) == {3: [0, 1, 2]}
+    assert runs_by_count(prompt_runs([a, a, b])) == {2: [0], 1: [1]}
+
+
+def test_sampling_settings_use_vllm_names_and_send_the_off_values_too():
+    # An unset field would take the model's generation_config.json value on a vLLM server.
+    config = VLLMServerConfig(max_completion_length=7, temperature=0.7, top_p=0.9)
+    assert sampling_fields(config, with_logprobs=False) == {
+        "max_tokens": 7, "temperature": 0.7, "top_p": 0.9, "top_k": 0, "min_p": 0.0, "repetition_penalty": 1.0
+    }
+    fields = sampling_fields(VLLMServerConfig(top_k=5, min_p=0.1), with_logprobs=True)
+    assert fields["top_k"] == 5 and fields["min_p"] == 0.1 and fields["logprobs"] == 0
+
+
+def test_choices_become_right_padded_completions_with_eos_kept_active():
+    choices = [
+        {"index": 0, "token_ids": [5, 6, 1], "finish_reason": "stop", "logprobs": {"token_logprobs": [-1, -2, -3]}},
+        {"index": 1, "token_ids": [7, 8, 9, 9], "finish_reason": "length", "logprobs": {"token_logprobs": [-1] * 4}},
+    ]
+    out = to_completions([Sample.from_choice(c) for c in choices], pad_token_id=0, with_logprobs=True, device="cpu")
+    assert out.completion_ids.tolist() == [[5, 6, 1, 0], [7, 8, 9, 9]]
+    assert out.completion_mask.tolist() == [[1, 1, 1, 0], [1, 1, 1, 1]]
+    assert out.is_truncated.tolist() == [False, True]
+    assert out.sampling_per_token_logps.tolist() == [[-1, -2, -3, 0], [-1, -1, -1, -1]]
+
+
+def test_missing_log_probs_are_an_error_when_a_correction_needs_them():
+    sample = Sample([1, 2], truncated=False, logprobs=None)
+    with pytest.raises(ValueError, match="log-prob"):
+        to_completions([sample], pad_token_id=0, with_logprobs=True, device="cpu")
+
+
+def test_chunks_close_after_the_tensor_that_passes_the_buffer_as_vllm_cuts_them():
+    # vLLM's pack_tensors adds a tensor, then flushes once the total exceeds the buffer.
+    assert chunk_bounds([40, 60, 48, 10], 100) == [(0, 3), (3, 4)]
+    assert chunk_bounds([101, 1], 100) == [(0, 1), (1, 2)]
+    assert chunk_bounds([50, 50], 100) == [(0, 2)]
+    assert chunk_bounds([], 100) == []
+
+
+def test_update_info_round_trips():
+    metas = [TensorMeta.of("w", torch.zeros(2, 3, dtype=torch.bfloat16)), TensorMeta.of("b", torch.zeros(4))]
+    info = update_info(metas)
+    assert info == {"names": ["w", "b"], "dtype_names": ["bfloat16", "float32"], "shapes": [[2, 3], [4]]}
+    assert metas_of(json.loads(json.dumps(info))) == metas
+    assert metas[0].nbytes == 12 and BUFFER_BYTES == 1 << 30
+
+
+@pytest.mark.parametrize(
+    ("options", "words"),
+    [
+        ({"launch": "sometimes"}, "none, vllm, test"),
+        ({"weight_transport": "carrier-pigeon"}, "auto, nccl, gloo"),
+        ({"base_url": "localhost:8000"}, "http://HOST:PORT"),
+        ({"connect_timeout": 0}, "positive number of seconds"),
+        ({"retries": -1}, "0 (no retry)"),
+    ],
+)
+def test_server_options_are_checked_when_built(options, words):
+    with pytest.raises(ConfigError, match=words.replace("(", r"\(").replace(")", r"\)")):
+        VLLMServerConfig(**options)
+
+
+def test_colocate_options_are_checked_when_built():
+    with pytest.raises(ConfigError, match="gpu_memory_utilization"):
+        VLLMColocateConfig(gpu_memory_utilization=1.5)
+    with pytest.raises(ConfigError, match="sleep_level"):
+        VLLMColocateConfig(sleep_level=3)
+
+
+def test_the_advice_is_a_vllm_serve_command_a_shell_accepts():
+    advice = vllm_serve_advice("Qwen/Qwen3-0.6B", "http://10.0.0.5:8123")
+    assert advice == (
+        "VLLM_SERVER_DEV_MODE=1 vllm serve Qwen/Qwen3-0.6B --host 10.0.0.5 --port 8123 "
+        """--weight-transfer-config '{"backend": "nccl"}' --logprobs-mode processed_logprobs"""
+    )
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def test_a_server_that_is_gone_is_retried_with_backoff_then_reported_unavailable():
+    client = ServerClient(f"http://127.0.0.1:{free_port()}", request_timeout=5, retries=2)
+    started = time.monotonic()
+    with pytest.raises(GenerationUnavailable, match="failed 3 times"):
+        client.post("/v1/completions", {})
+    assert 2.5 < time.monotonic() - started < 10  # waited 1 s, then 2 s
+    assert client.reconnected
+
+
+class Answers(BaseHTTPRequestHandler):
+    """A server that answers every request with the status and body its path names."""
+
+    replies = {
+        "/bad": (400, {"error": {"message": "max_tokens must be at least 1", "type": "BadRequestError", "code": 400}}),
+        "/detail": (422, {"detail": "Field required: init_info"}),
+        "/busy": (503, {"error": {"message": "paused", "code": 503}}),
+    }
+
+    def do_POST(self):
+        status, body = self.replies[self.path]
+        payload = json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("Content-Length", str(len(payload)))
+        self.end_headers()
+        self.wfile.write(payload)
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def answering_server():
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Answers)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+
+
+def test_an_http_error_shows_the_servers_own_message(answering_server):
+    client = ServerClient(answering_server, request_timeout=5, retries=0)
+    with pytest.raises(ServerError, match="refused POST /bad with HTTP 400: max_tokens must be at least 1") as error:
+        client.post("/bad")
+    assert error.value.status == 400
+    with pytest.raises(ServerError, match="HTTP 422: Field required: init_info"):
+        client.post("/detail")
+    with pytest.raises(ServerError, match="HTTP 503: paused"):  # busy, and no retry left
+        client.post("/busy")
+
+
+def test_lora_weights_go_out_merged_under_the_base_models_names(tmp_path):
+    peft = pytest.importorskip("peft")
+    from transformers import AutoModelForCausalLM
+
+    from grpo_kit.testing.models import build_tiny_model
+
+    directory = build_tiny_model(tmp_path)
+    policy = peft.get_peft_model(
+        AutoModelForCausalLM.from_pretrained(directory),
+        peft.LoraConfig(r=2, lora_alpha=4, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM"),
+    )
+    with torch.no_grad():
+        for name, parameter in policy.named_parameters():
+            if "lora_B" in name:
+                parameter.normal_()  # B starts at zero: make the adapters matter
+    sent = dict(merged_lora_weights(policy))
+    expected = copy.deepcopy(policy).merge_and_unload().state_dict()
+    expected.pop("lm_head.weight")  # tied to the embeddings: sent once
+    assert sent.keys() == expected.keys()
+    for name, tensor in expected.items():
+        torch.testing.assert_close(sent[name], tensor, rtol=0, atol=1e-6, msg=name)
+    assert not torch.equal(sent["model.layers.0.self_attn.q_proj.weight"],
+                           policy.get_base_model().model.layers[0].self_attn.q_proj.base_layer.weight)
+
+
+def test_tied_weights_are_sent_once_and_only_by_the_main_process(tmp_path):
+    from accelerate import Accelerator
+    from transformers import AutoModelForCausalLM
+
+    from grpo_kit.testing.models import build_tiny_model
+
+    model = AutoModelForCausalLM.from_pretrained(build_tiny_model(tmp_path))
+    names = [name for name, _ in named_weights(model, Accelerator(cpu=True))]
+    assert names == [name for name, _ in model.named_parameters()]  # lm_head.weight is the embeddings
+
+
+def test_colocate_without_vllm_says_how_to_install_it(monkeypatch):
+    import builtins
+
+    from grpo_kit_vllm.colocate import VLLMColocateGeneration
+
+    real_import = builtins.__import__
+
+    def no_vllm(name, *args, **kwargs):
+        if name == "vllm" or name.startswith("vllm."):
+            raise ImportError("No module named 'vllm'")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_vllm)
+    with pytest.raises(ConfigError, match=r"pip install 'grpo-kit-vllm\[vllm\]'"):
+        VLLMColocateGeneration(VLLMColocateConfig()).start(None, None, None)

@@ -1,0 +1,279 @@
+"""Server mode end to end, against the CPU test server: the trainer, the HTTP protocol and the weight sync are real.
+
+Each run here talks to `python -m grpo_kit_vllm.testing.server` over HTTP and sends it weights over gloo, as a
+trainer on GPUs does to `vllm serve` over NCCL.
+"""
+
+import importlib.util
+import json
+import os
+import re
+import shlex
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import ClassVar
+
+import pytest
+import torch
+from accelerate import Accelerator
+from omegaconf import MISSING
+
+import grpo_kit
+from grpo_kit.plugins import Registry, plugin_manager
+from grpo_kit.testing.contracts import GenerationContract, assert_contracts_cover
+from grpo_kit.testing.models import build_tiny_model
+from grpo_kit.testing.runs import tiny_run
+from grpo_kit_vllm.transport import digests
+from grpo_kit_vllm.weights import named_weights
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+class ServerProcess:
+    """A test server in a child process, as a user starts one: `python -m grpo_kit_vllm.testing.server MODEL`."""
+
+    def __init__(self, model_dir: Path, log: Path, port: int | None = None):
+        self.port = port or free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = open(log, "ab")  # noqa: SIM115 - open while the server runs
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "grpo_kit_vllm.testing.server", str(model_dir), "--port", str(self.port)],
+            stdout=self.log, stderr=subprocess.STDOUT,
+        )
+        deadline = time.monotonic() + 120
+        while not self.healthy():
+            assert self.process.poll() is None, f"the test server exited: {log.read_text()[-2000:]}"
+            assert time.monotonic() < deadline, "the test server did not answer /health within 120 s"
+            time.sleep(0.2)
+
+    def healthy(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"{self.url}/health", timeout=2):
+                return True
+        except OSError:
+            return False
+
+    def post(self, path: str, body: dict) -> dict:
+        request = urllib.request.Request(f"{self.url}{path}", json.dumps(body).encode(), method="POST",
+                                         headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=60) as response:
+            return json.loads(response.read())
+
+    def kill(self):
+        self.process.kill()
+        self.process.wait()
+        self.log.close()
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory) -> Path:
+    return build_tiny_model(tmp_path_factory.mktemp("vllm-server-model"))
+
+
+@pytest.fixture(scope="module")
+def server(model_dir, tmp_path_factory):
+    server = ServerProcess(model_dir, tmp_path_factory.mktemp("server-log") / "server.log")
+    yield server
+    server.kill()
+
+
+class TestVLLMServerGeneration(GenerationContract):
+    """The conformance kit's generation checks, through a test server this class starts for itself."""
+
+    plugin_name = "vllm_server"
+
+    @pytest.fixture(scope="class")
+    @classmethod
+    def contract_server(cls, model_and_tokenizer, tmp_path_factory):
+        directory = tmp_path_factory.mktemp("contract-server")
+        model, tokenizer = model_and_tokenizer
+        model.save_pretrained(directory)
+        tokenizer.save_pretrained(directory)
+        server = ServerProcess(directory, directory / "server.log")
+        yield server
+        server.kill()
+
+    @pytest.fixture(scope="class")
+    @classmethod
+    def plugin_options(cls, contract_case, contract_server) -> dict:
+        return {**cls.options, "base_url": contract_server.url}
+
+
+@pytest.mark.vllm
+@pytest.mark.skipif(
+    not torch.cuda.is_available() or importlib.util.find_spec("vllm") is None, reason="needs CUDA GPUs and vllm"
+)
+class TestVLLMColocateGeneration(GenerationContract):
+    plugin_name = "vllm_colocate"
+    options: ClassVar[dict] = {**GenerationContract.options, "gpu_memory_utilization": 0.2, "enforce_eager": True}
+
+
+def test_every_backend_is_checked():
+    assert_contracts_cover("grpo-kit-vllm", globals())
+
+
+@dataclass
+class ChecksumsConfig:
+    url: str = MISSING  # the test server's
+
+
+class Checksums:
+    """After every step, so after every weight sync, the server's weights must be the trainer's, bit for bit."""
+
+    checked: ClassVar[list[int]] = []
+
+    def __init__(self, config: ChecksumsConfig):
+        self.url = config.url
+
+    @grpo_kit.hookimpl
+    def on_step_end(self, run, step, metrics):
+        ours = digests(named_weights(run.model, Accelerator(cpu=True)))
+        request = urllib.request.Request(f"{self.url}/weight_checker", json.dumps({"action": "checksum"}).encode(),
+                                         method="POST", headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(request) as response:
+            theirs = json.loads(response.read())["checksums"]
+        assert theirs == ours, f"step {step}: {sorted(k for k in ours if ours[k] != theirs.get(k))} differ"
+        with urllib.request.urlopen(f"{self.url}/weight_info") as response:
+            assert json.loads(response.read())["weight_version"] == str(step)
+        self.checked.append(step)
+
+
+class ChecksumsPlugin:
+    @grpo_kit.hookimpl
+    def register_hooks(self, register):
+        register("checksums", Checksums, ChecksumsConfig)
+
+
+@pytest.mark.slow
+def test_after_each_sync_the_server_holds_the_trainers_weights_and_corrections_see_its_log_probs(
+    model_dir, server, tmp_path
+):
+    """Three steps with a sequence-level rollout correction from the server's log-probs: on-policy, its ratio is 1."""
+    pm = plugin_manager()
+    pm.register(ChecksumsPlugin())
+    registry = Registry(pm)
+    Checksums.checked.clear()
+    cfg = grpo_kit.compose(tiny_run(
+        model_dir, "generation=vllm_server", f"generation.base_url={server.url}", "rollout_correction=sequence_mask",
+        "+reward=accuracy", "+hook=checksums", f"hook.checksums.url={server.url}",
+    ), registry=registry)
+    grpo_kit.train(cfg, tmp_path / "run", registry)
+    assert Checksums.checked == [1, 2, 3]
+    lines = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    ratios = [line["sampling/importance_sampling_ratio/mean"] for line in lines if line.get("step")]
+    print("sequence_mask ratio means:", ratios)
+    assert len(ratios) == 3 and all(abs(ratio - 1) < 1e-3 for ratio in ratios)
+
+
+def grpo_kit_command(*overrides: str) -> list[str]:
+    return [sys.executable, "-m", "grpo_kit", *overrides]
+
+
+@pytest.mark.slow
+def test_with_nothing_listening_the_run_fails_within_a_minute_naming_the_url_and_vllm_serve(tmp_path):
+    url = f"http://127.0.0.1:{free_port()}"
+    started = time.monotonic()
+    result = subprocess.run(
+        grpo_kit_command("+reward=accuracy", "generation=vllm_server", f"generation.base_url={url}",
+                         f"hydra.run.dir={tmp_path / 'run'}"),
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=120,
+    )
+    elapsed = time.monotonic() - started
+    print(f"failed after {elapsed:.0f} s")
+    assert result.returncode != 0 and elapsed < 60, f"{elapsed:.0f} s: {result.stdout[-2000:]}"
+    assert f"No vLLM server answers at {url}" in result.stdout
+    assert "VLLM_SERVER_DEV_MODE=1 vllm serve" in result.stdout and "generation.launch=test" in result.stdout
+
+
+def metrics_steps(run_dir: Path) -> list[int]:
+    metrics = run_dir / "metrics.jsonl"
+    if not metrics.exists():
+        return []
+    return [json.loads(line)["step"] for line in metrics.read_text().splitlines() if line.strip()]
+
+
+@pytest.mark.slow
+def test_a_server_killed_mid_run_ends_in_a_checkpoint_and_the_printed_command_resumes_with_a_new_one(
+    model_dir, tmp_path
+):
+    port = free_port()
+    first = ServerProcess(model_dir, tmp_path / "server-1.log", port=port)
+    run_dir = tmp_path / "run"
+    trainer = subprocess.Popen(
+        grpo_kit_command(*tiny_run(model_dir, "trainer.max_steps=30", "trainer.save_steps=1000"),
+                         "+reward=accuracy", "generation=vllm_server", f"generation.base_url={first.url}",
+                         "generation.retries=2", f"hydra.run.dir={run_dir}"),
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+    deadline = time.monotonic() + 300
+    while max(metrics_steps(run_dir), default=0) < 3:
+        assert trainer.poll() is None, trainer.stdout.read()[-3000:]
+        assert time.monotonic() < deadline, "the run did not reach step 3 within 5 minutes"
+        time.sleep(0.2)
+    first.kill()
+    output, _ = trainer.communicate(timeout=300)
+    assert trainer.returncode != 0, output[-3000:]
+    assert "stopped answering" in output, output[-3000:]
+    saved = sorted(path.name for path in (run_dir / "checkpoints").glob("step-*"))
+    assert saved, output[-3000:]
+    step = int(saved[-1].removeprefix("step-"))
+    assert step >= 3 and f"A checkpoint of step {step} is saved" in output
+    command = re.search(r"resume with:\n\s+(python -m grpo_kit .*)", output).group(1)
+    assert "trainer.resume=auto" in command and f"hydra.run.dir={run_dir}" in command
+
+    second = ServerProcess(model_dir, tmp_path / "server-2.log", port=port)  # the same address, a fresh server
+    try:
+        resumed = subprocess.run(shlex.split(command.replace("python", sys.executable, 1)), capture_output=True,
+                                 text=True, timeout=600)
+    finally:
+        second.kill()
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert f"Resuming from {run_dir / 'checkpoints' / saved[-1]}" in resumed.stderr + resumed.stdout
+    assert metrics_steps(run_dir)[-1] == 30
+
+
+def tenths(run_dir: Path) -> tuple[float, float]:
+    lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    rewards = [line["reward"] for line in lines if "reward" in line]
+    tenth = max(1, len(rewards) // 10)
+    return sum(rewards[:tenth]) / tenth, sum(rewards[-tenth:]) / tenth
+
+
+@pytest.mark.slow
+def test_the_main_command_learns_the_embedded_task_through_a_launched_test_server(tmp_path):
+    """Without the weight sync the server would sample from the untrained policy, and the reward would not rise."""
+    run_dir = tmp_path / "run"
+    subprocess.run(
+        grpo_kit_command("+loss=dapo", "+reward=accuracy", "generation=vllm_server", "generation.launch=test",
+                         f"generation.base_url=http://127.0.0.1:{free_port()}", "trainer.progress_bar=false",
+                         f"hydra.run.dir={run_dir}"),
+        check=True, stdout=subprocess.DEVNULL,
+    )
+    first, last = tenths(run_dir)
+    print(f"vllm_server: mean reward {first:.3f} in the first tenth of steps, {last:.3f} in the last")
+    assert last >= 0.5 and last >= first + 0.3
+    assert "ready on" in (run_dir / "generation_server.log").read_text()
+
+
+@pytest.mark.slow
+def test_two_trainer_processes_train_against_one_test_server(model_dir, server, tmp_path):
+    run_dir = tmp_path / "run"
+    launch = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2"]
+    result = subprocess.run(
+        [*launch, "-m", "grpo_kit", *tiny_run(model_dir, "generation=vllm_server", f"generation.base_url={server.url}"),
+         "+reward=accuracy", f"hydra.run.dir={run_dir}"],
+        capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert metrics_steps(run_dir) == [1, 2, 3]
+    with urllib.request.urlopen(f"{server.url}/weight_info") as response:
+        assert json.loads(response.read())["weight_version"] == "3"
