@@ -6,11 +6,13 @@ of `tensor_parallel_size` consecutive processes shares one engine (they gather t
 and each keeps its own completions). After every optimizer step the trained weights are handed to the engine's
 model with `load_weights`, in memory; vLLM's argument-less reload would re-read the checkpoint from disk instead.
 
-With `sleep_level` 1 the engine frees its KV cache while the trainer trains; with 2 it frees its weights too, and
-they come back with the next `update_weights`, which runs after every step and so before every generation.
+With `sleep_level` the engine sleeps from the end of each generation until it is needed again: level 1 moves its
+weights to CPU memory and drops its KV cache, level 2 drops the weights too, and they are loaded again from the
+policy before the next generation.
 """
 
 import os
+import socket
 
 import torch
 
@@ -38,7 +40,7 @@ class VLLMColocateGeneration:
         self.config = config
 
     def start(self, model, tokenizer, accelerator):
-        vllm = import_vllm()
+        self.vllm = vllm = import_vllm()
         if not torch.cuda.is_available():
             raise ConfigError("generation=vllm_colocate needs CUDA GPUs: on CPU use generation=transformers.")
         size = self.config.tensor_parallel_size
@@ -53,6 +55,8 @@ class VLLMColocateGeneration:
         os.environ.setdefault("RANK", str(accelerator.process_index))
         os.environ.setdefault("LOCAL_RANK", str(accelerator.local_process_index))
         os.environ.setdefault("WORLD_SIZE", str(accelerator.num_processes))
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")  # one process started without a launcher
+        os.environ.setdefault("MASTER_PORT", str(free_port()))
         self.llm = vllm.LLM(
             model=base_model_path(accelerator.unwrap_model(model)),
             tensor_parallel_size=size,
@@ -65,24 +69,28 @@ class VLLMColocateGeneration:
             seed=self.config.seed + accelerator.process_index // size,  # one seed per engine: its ranks agree
             logprobs_mode="processed_logprobs",  # the sampled distribution's log-probs, for rollout corrections
         )
-        self.sleeping = None
+        self.asleep: set[str] = set()  # what vLLM's sleep mode has put away: "weights", "kv_cache"
         self.update_weights(model, step=0)  # the engine loaded the checkpoint; the run may start elsewhere
 
     @torch.no_grad()
     def generate(self, prompt_ids: list[list[int]], with_logprobs: bool = False) -> Completions:
-        vllm = import_vllm()
         every = [prompt_ids]
         if self.tp_group is not None:  # the group's engine generates for all its processes' prompts
             every = [None] * self.config.tensor_parallel_size
             torch.distributed.all_gather_object(every, prompt_ids, group=self.tp_group)
         fields = sampling_fields(self.config, with_logprobs) | (self.config.generation_kwargs or {})
-        self._wake("kv_cache")
+        if self.config.sleep_level == 2 and "weights" in self.asleep:  # dropped since the last update_weights
+            self._wake("weights")
+            self._load(self.model)
+        self._wake("weights", "kv_cache")
         outputs = self.llm.generate(
             [{"prompt_token_ids": ids} for prompts in every for ids in prompts],
-            vllm.SamplingParams(n=1, **fields),
+            self.vllm.SamplingParams(n=1, **fields),
             use_tqdm=False,
         )
-        self._sleep()
+        if self.config.sleep_level:
+            self.llm.sleep(level=self.config.sleep_level)
+            self.asleep = {"weights", "kv_cache"}
         samples = [sample_of(output.outputs[0]) for output in outputs]
         if self.tp_group is not None:
             start = sum(len(prompts) for prompts in every[: torch.distributed.get_rank(self.tp_group)])
@@ -91,6 +99,10 @@ class VLLMColocateGeneration:
 
     def update_weights(self, model, step: int) -> None:
         self._wake("weights")
+        self._load(model)
+
+    def _load(self, model) -> None:
+        """The policy's current weights into the engine's model, in memory (every process calls it)."""
         if is_sharded(self.accelerator):  # gathered whole on the main process, then sent to every engine
             weights = broadcast_weights(dict(named_weights(model, self.accelerator)), self.accelerator)
         else:  # every process holds the whole, identical weights
@@ -98,17 +110,11 @@ class VLLMColocateGeneration:
         engine_model = self.llm.llm_engine.model_executor.driver_worker.model_runner.model
         engine_model.load_weights(weights.items())
         self.llm.reset_prefix_cache()  # cached prefixes were computed with the old weights
-        self._sleep()
 
-    def _wake(self, tag: str) -> None:
-        if self.config.sleep_level and self.sleeping:
-            self.llm.wake_up(tags=[tag])
-            self.sleeping = tag != "kv_cache"  # the weights wake first; the KV cache only for generation
-
-    def _sleep(self) -> None:
-        if self.config.sleep_level:
-            self.llm.sleep(level=self.config.sleep_level)
-            self.sleeping = True
+    def _wake(self, *tags: str) -> None:
+        if sleeping := [tag for tag in tags if tag in self.asleep]:
+            self.llm.wake_up(tags=sleeping)
+            self.asleep -= set(sleeping)
 
     def close(self):
         self.llm = None
@@ -120,6 +126,12 @@ def sample_of(output) -> Sample:
     if output.logprobs is not None:
         logprobs = [position[token].logprob for token, position in zip(output.token_ids, output.logprobs)]
     return Sample(list(output.token_ids), output.finish_reason == "length", logprobs)
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
 
 
 def tensor_parallel_group(accelerator, size: int):

@@ -6,6 +6,7 @@ import socket
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -208,3 +209,73 @@ def test_colocate_without_vllm_says_how_to_install_it(monkeypatch):
     monkeypatch.setattr(builtins, "__import__", no_vllm)
     with pytest.raises(ConfigError, match=r"pip install 'grpo-kit-vllm\[vllm\]'"):
         VLLMColocateGeneration(VLLMColocateConfig()).start(None, None, None)
+
+
+class RecordingEngine:
+    """What VLLMColocateGeneration calls on vllm.LLM, recorded; completions are a fixed token list per prompt.
+
+    vLLM cannot be installed on a machine without CUDA, so this stands in for its engine to check the adapter's own
+    logic: which sleep-mode calls come in which order, and what reaches `load_weights`.
+    """
+
+    def __init__(self):
+        self.calls, self.loaded = [], []
+        model = SimpleNamespace(load_weights=lambda weights: self.loaded.append(dict(weights)))
+        self.llm_engine = SimpleNamespace(
+            model_executor=SimpleNamespace(driver_worker=SimpleNamespace(model_runner=SimpleNamespace(model=model)))
+        )
+
+    def generate(self, prompts, params, use_tqdm):
+        self.calls.append("generate")
+        output = SimpleNamespace(token_ids=[5, 1], finish_reason="stop", logprobs=None)
+        return [SimpleNamespace(outputs=[output]) for _ in prompts]
+
+    def sleep(self, level):
+        self.calls.append(f"sleep {level}")
+
+    def wake_up(self, tags):
+        self.calls.append(f"wake {'+'.join(tags)}")
+
+    def reset_prefix_cache(self):
+        self.calls.append("reset prefix cache")
+
+
+@pytest.mark.parametrize("level", [1, 2])
+def test_colocate_sleeps_after_generating_and_has_its_weights_back_before_the_next_generation(tmp_path, level):
+    from accelerate import Accelerator
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from grpo_kit.testing.models import build_tiny_model
+    from grpo_kit_vllm.colocate import VLLMColocateGeneration
+
+    directory = build_tiny_model(tmp_path)
+    backend = VLLMColocateGeneration(VLLMColocateConfig(sleep_level=level))
+    backend.model, backend.tokenizer = AutoModelForCausalLM.from_pretrained(directory), AutoTokenizer.from_pretrained(directory)
+    backend.accelerator, backend.tp_group, backend.asleep = Accelerator(cpu=True), None, set()
+    backend.llm, backend.vllm = RecordingEngine(), SimpleNamespace(SamplingParams=dict)
+
+    backend.update_weights(backend.model, step=0)
+    backend.generate([[3, 4]])
+    backend.update_weights(backend.model, step=1)  # after an optimizer step
+    backend.generate([[3, 4]])
+    backend.generate([[3, 4]])  # twice without a step (an evaluation)
+    reload = ["wake weights", "reset prefix cache"] if level == 2 else []
+    assert backend.llm.calls == [
+        "reset prefix cache", "generate", f"sleep {level}",
+        "wake weights", "reset prefix cache", "wake kv_cache", "generate", f"sleep {level}",
+        *reload, f"wake {'kv_cache' if level == 2 else 'weights+kv_cache'}", "generate", f"sleep {level}",
+    ]
+    expected = dict(backend.model.named_parameters())
+    assert len(backend.llm.loaded) == (3 if level == 2 else 2)  # each update_weights; level 2 once more
+    assert backend.llm.loaded[-1].keys() == expected.keys()  # the checkpoint's names, the tied head once
+
+
+def test_a_vllm_completion_becomes_a_sample_with_its_log_probs():
+    from grpo_kit_vllm.colocate import sample_of
+
+    logprob = lambda value: SimpleNamespace(logprob=value)  # noqa: E731 - vLLM's Logprob holds more
+    output = SimpleNamespace(token_ids=[7, 1], finish_reason="stop", logprobs=[{7: logprob(-0.5), 2: logprob(-1.0)},
+                                                                              {1: logprob(-0.25)}])
+    assert sample_of(output) == Sample([7, 1], truncated=False, logprobs=[-0.5, -0.25])
+    cut = SimpleNamespace(token_ids=[7, 7], finish_reason="length", logprobs=None)
+    assert sample_of(cut) == Sample([7, 7], truncated=True, logprobs=None)

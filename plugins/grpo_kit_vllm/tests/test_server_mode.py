@@ -9,6 +9,7 @@ import json
 import os
 import re
 import shlex
+import signal
 import socket
 import subprocess
 import sys
@@ -158,20 +159,31 @@ def test_after_each_sync_the_server_holds_the_trainers_weights_and_corrections_s
     model_dir, server, tmp_path
 ):
     """Three steps with a sequence-level rollout correction from the server's log-probs: on-policy, its ratio is 1."""
+    ratios = train_with_checksums(model_dir, server, tmp_path, "rollout_correction=sequence_mask")
+    print("sequence_mask ratio means:", ratios)
+    assert len(ratios) == 3 and all(abs(ratio - 1) < 1e-3 for ratio in ratios)
+
+
+@pytest.mark.slow
+def test_a_lora_policy_sends_its_merged_weights_under_the_base_models_names(model_dir, server, tmp_path):
+    pytest.importorskip("peft")
+    train_with_checksums(model_dir, server, tmp_path, "model.lora.enabled=true")
+
+
+def train_with_checksums(model_dir, server, tmp_path, *overrides) -> list[float]:
+    """Three steps, the server's weights checked after each; the rollout correction's logged ratio means."""
     pm = plugin_manager()
     pm.register(ChecksumsPlugin())
     registry = Registry(pm)
     Checksums.checked.clear()
     cfg = grpo_kit.compose(tiny_run(
-        model_dir, "generation=vllm_server", f"generation.base_url={server.url}", "rollout_correction=sequence_mask",
+        model_dir, "generation=vllm_server", f"generation.base_url={server.url}", *overrides,
         "+reward=accuracy", "+hook=checksums", f"hook.checksums.url={server.url}",
     ), registry=registry)
     grpo_kit.train(cfg, tmp_path / "run", registry)
     assert Checksums.checked == [1, 2, 3]
     lines = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
-    ratios = [line["sampling/importance_sampling_ratio/mean"] for line in lines if line.get("step")]
-    print("sequence_mask ratio means:", ratios)
-    assert len(ratios) == 3 and all(abs(ratio - 1) < 1e-3 for ratio in ratios)
+    return [line["sampling/importance_sampling_ratio/mean"] for line in lines if "sampling/importance_sampling_ratio/mean" in line]
 
 
 def grpo_kit_command(*overrides: str) -> list[str]:
@@ -277,3 +289,25 @@ def test_two_trainer_processes_train_against_one_test_server(model_dir, server, 
     assert metrics_steps(run_dir) == [1, 2, 3]
     with urllib.request.urlopen(f"{server.url}/weight_info") as response:
         assert json.loads(response.read())["weight_version"] == "3"
+
+
+@pytest.mark.slow
+def test_on_sigint_the_run_saves_and_stops_the_server_it_started_and_nothing_else(model_dir, tmp_path):
+    run_dir = tmp_path / "run"
+    trainer = subprocess.Popen(
+        grpo_kit_command(*tiny_run(model_dir, "trainer.max_steps=200"), "+reward=accuracy",
+                         "generation=vllm_server", "generation.launch=test",
+                         f"generation.base_url=http://127.0.0.1:{free_port()}", f"hydra.run.dir={run_dir}"),
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+    deadline = time.monotonic() + 300
+    while max(metrics_steps(run_dir), default=0) < 2:
+        assert trainer.poll() is None and time.monotonic() < deadline, trainer.stdout.read()[-3000:]
+        time.sleep(0.2)
+    trainer.send_signal(signal.SIGINT)  # as Ctrl-C does to the trainer; the server has its own process group
+    output, _ = trainer.communicate(timeout=300)
+    assert trainer.returncode == 0 and "Stopped by SIGINT" in output, output[-3000:]
+    pid = int(re.search(r"Started the generation server \(pid (\d+)\)", output).group(1))
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
+    assert list((run_dir / "checkpoints").glob("step-*"))

@@ -261,6 +261,7 @@ def test_paused_it_refuses_completions_until_resumed_or_holds_them_in_keep_mode(
         complete(url, prompt=PROMPTS, max_tokens=2)
 
         assert call(url, "/pause?mode=keep", {}) == (200, {"status": "paused"})
+        # No `with` around the pool: on a failure below, nothing may wait for the held request before `finally`.
         held = ThreadPoolExecutor(1).submit(call, url, "/v1/completions", {"prompt": PROMPTS, "max_tokens": 2})
         time.sleep(0.5)
         assert not held.done(), "in keep mode a completion waits for /resume"
