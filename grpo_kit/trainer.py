@@ -244,16 +244,14 @@ def train(cfg: DictConfig, run_dir: str | Path, registry: Registry | None = None
             except GenerationUnavailable as error:  # the step is undone and the last whole one saved
                 state.rewind(step_start)
                 optimizer.zero_grad(set_to_none=True)
-                save_step(state, run_dir, t.save_total_limit)
-                raise GenerationUnavailable(f"{error}\n{resume_advice(run_dir, state.step)}") from error
+                raise saved_and_stopped(error, state, run_dir, t.save_total_limit) from error
             state.step = step
+            if algo.sync_ref_model and step % algo.ref_model_sync_steps == 0:
+                mix_into_sharded_reference(accelerator, model, reference, algo.ref_model_mixup_alpha)
             try:
                 generation.update_weights(model, step)
             except GenerationUnavailable as error:  # the step itself is whole: save it and stop
-                save_step(state, run_dir, t.save_total_limit)
-                raise GenerationUnavailable(f"{error}\n{resume_advice(run_dir, step)}") from error
-            if algo.sync_ref_model and step % algo.ref_model_sync_steps == 0:
-                mix_into_sharded_reference(accelerator, model, reference, algo.ref_model_mixup_alpha)
+                raise saved_and_stopped(error, state, run_dir, t.save_total_limit) from error
 
             bad_steps = 0 if finite else bad_steps + 1
             if not finite:
@@ -267,7 +265,10 @@ def train(cfg: DictConfig, run_dir: str | Path, registry: Registry | None = None
             evaluated = {}
             if evaluator is not None and evaluator.due(step):
                 model.eval()
-                evaluated = evaluator(step)
+                try:
+                    evaluated = evaluator(step)
+                except GenerationUnavailable as error:
+                    raise saved_and_stopped(error, state, run_dir, t.save_total_limit) from error
             if step % t.logging_steps == 0 or step == max_steps or evaluated:
                 logged = summarise(window, step, t.gradient_accumulation_steps, scheduler.get_last_lr()[0])
                 window.clear()
@@ -553,8 +554,13 @@ def save_step(state: TrainState, run_dir: Path, keep: int) -> None:
     accelerator.wait_for_everyone()
 
 
-def resume_advice(run_dir: Path, step: int) -> str:
-    return f"A checkpoint of step {step} is saved; once generation works again, resume with:\n  {resume_command(run_dir)}"
+def saved_and_stopped(error: GenerationUnavailable, state: TrainState, run_dir: Path, keep: int) -> GenerationUnavailable:
+    """Save the last whole step; the error to stop with, saying how to resume."""
+    save_step(state, run_dir, keep)
+    return GenerationUnavailable(
+        f"{error}\nA checkpoint of step {state.step} is saved; once generation works again, resume with:\n"
+        f"  {resume_command(run_dir)}"
+    )
 
 
 @dataclass

@@ -73,3 +73,58 @@ def test_a_resumed_replay_goes_on_from_its_batch_and_its_recording_from_its_file
     assert sorted(p.name for p in (resumed / "rollouts").glob("*.pt")) == [f"00000{i}.pt" for i in (1, 2, 3, 4)]
     recordings = [torch.load(d / "rollouts" / "000004.pt", weights_only=False) for d in (resumed, unbroken)]
     assert torch.equal(recordings[0]["generated"]["completion_ids"], recordings[1]["generated"]["completion_ids"])
+
+
+def test_a_generator_lost_mid_step_saves_the_last_whole_step_and_the_resumed_run_ends_like_the_unbroken_one(
+    local_plugin, tiny_model, tmp_path
+):
+    """Two micro-batches a step, each with its own generation batch: the generator fails at step 3's second one.
+
+    The half-done step is undone (its sampler draws, gradients, metrics and random generators), step 2 is saved,
+    and the run stops with the command that resumes it. Resumed, it ends with the unbroken run's weights.
+    """
+    module = local_plugin("lost_generator", """
+        from dataclasses import dataclass
+
+        import grpo_kit
+        from grpo_kit.errors import GenerationUnavailable
+        from grpo_kit_transformers.generation import TransformersGeneration, TransformersGenerationConfig
+
+        @dataclass
+        class LostConfig(TransformersGenerationConfig):
+            lose_at_call: int = 0  # 0: never
+
+        class LostOnce(TransformersGeneration):
+            calls, lost = 0, False  # calls by this run; lost: in any run of this process
+
+            def generate(self, prompt_ids, with_logprobs=False):
+                self.calls += 1
+                if self.calls == self.config.lose_at_call and not LostOnce.lost:
+                    LostOnce.lost = True
+                    raise GenerationUnavailable("The test generator stopped answering.")
+                return super().generate(prompt_ids, with_logprobs)
+
+        @grpo_kit.hookimpl
+        def register_generations(register):
+            register("lost_once", LostOnce, LostConfig)
+
+        @grpo_kit.hookimpl
+        def register_rewards(register):
+            register("digits", lambda completions, **_: [sum(c.isdigit() for c in t) / max(len(t), 1) for t in completions])
+    """)
+    from grpo_kit.errors import GenerationUnavailable
+    from grpo_kit.plugins import Registry, plugin_manager
+
+    registry = Registry(plugin_manager(local_modules=[module]))
+    settings = tiny_run(
+        tiny_model, "+reward=digits", "generation=lost_once", "trainer.max_steps=4", "trainer.save_steps=100",
+        "trainer.gradient_accumulation_steps=2", "algorithm.steps_per_generation=1", "trainer.per_device_train_batch_size=4",
+    )
+    unbroken, broken = tmp_path / "unbroken", tmp_path / "broken"
+    grpo_kit.train(grpo_kit.compose(settings, registry), unbroken, registry)
+    with pytest.raises(GenerationUnavailable, match=r"A checkpoint of step 2 is saved.*\n.*trainer.resume=auto"):
+        grpo_kit.train(grpo_kit.compose([*settings, "generation.lose_at_call=6"], registry), broken, registry)
+    assert sorted(path.name for path in (broken / "checkpoints").iterdir()) == ["step-000002"]
+    resumed = grpo_kit.compose([*settings, "generation.lose_at_call=6", "trainer.resume=auto"], registry)
+    grpo_kit.train(resumed, broken, registry)  # it is lost only once
+    assert_same_weights(broken, unbroken)
