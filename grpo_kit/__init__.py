@@ -6,14 +6,28 @@ it; plugin authors use `hookimpl` and the config and data types of `grpo_kit.kin
 
 __version__ = "0.1.0"
 
-from grpo_kit.builders import build_advantage
+import importlib
+
 from grpo_kit.config import compose
 from grpo_kit.errors import PluginError
 from grpo_kit.hookspecs import hookimpl
 from grpo_kit.kinds import Completions, GenerationConfig, Reduction, RewardConfig
-from grpo_kit.objective import build_objective
 from grpo_kit.plugins import Registry
-from grpo_kit.trainer import train
+
+# These load torch and transformers, so they are imported when first used, not with `import grpo_kit`: the CLI's
+# help and errors, `grpo-kit plugins`, `compose` and every plugin's registration stay free of them.
+_IMPORTED_ON_USE = {
+    "build_advantage": "grpo_kit.builders",
+    "build_objective": "grpo_kit.objective",
+    "train": "grpo_kit.trainer",
+}
+
+
+def __getattr__(name: str):
+    if name in _IMPORTED_ON_USE:
+        return getattr(importlib.import_module(_IMPORTED_ON_USE[name]), name)
+    raise AttributeError(f"module 'grpo_kit' has no attribute {name!r}")
+
 
 __all__ = [
     "Completions",

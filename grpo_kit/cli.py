@@ -4,6 +4,9 @@ A run first claims its directory (grpo_kit/checkpoint.py): until then nothing is
 leaves a directory as it found it. Then the CLI writes what Hydra would (.hydra/config.yaml, hydra.yaml,
 overrides.yaml), logs into RUN_DIR/cli.log, and trains; a run that fails from then on leaves error.txt with
 its traceback. In a sweep a failed run is recorded and the next one starts clean.
+
+`--help` is answered here rather than by Hydra, whose help copies its whole config store once for each config
+group: seconds, with every plugin's config stored.
 """
 
 import contextlib
@@ -14,16 +17,38 @@ from pathlib import Path
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
-from hydra.errors import OverrideParseException
+from hydra.errors import ConfigCompositionException, OverrideParseException
 from hydra.types import RunMode
 from omegaconf import OmegaConf
 
-from grpo_kit.config import PRIMARY_CONFIG, check_choices, complete, note_default_loss, store_configs, with_presets
-from grpo_kit.errors import UserError
+from grpo_kit.config import (
+    PRIMARY_CONFIG,
+    check_choices,
+    complete,
+    hydra_composition,
+    note_default_loss,
+    preset_choices,
+    store_configs,
+    with_presets,
+)
+from grpo_kit.errors import ConfigError, UserError
+from grpo_kit.kinds import KINDS
 from grpo_kit.plugins import Registry
 
 log = logging.getLogger("grpo_kit")
 LOG_FORMAT = "[%(asctime)s][%(name)s][%(levelname)s] - %(message)s"
+
+HELP = """python -m grpo_kit OVERRIDES...: compose a run of plugins and presets, and train it (-m: a sweep of runs).
+
+== Plugins: +KIND=NAME (a reward or hook may be several: +reward=[a,b]) ==
+{plugins}
+
+== Presets: GROUP=NAME ==
+{presets}
+
+== Config: override anything (trainer.max_steps=100); `grpo-kit plugins` explains every plugin option ==
+{config}
+Powered by Hydra (https://hydra.cc): --hydra-help shows its own flags (--cfg job, --multirun, ...)."""
 
 
 def main() -> None:
@@ -31,6 +56,9 @@ def main() -> None:
         registry = Registry()
         overrides = [arg for arg in sys.argv[1:] if "=" in arg and not arg.startswith("-")]
         check_choices(overrides, registry)
+        if {"--help", "-h"} & set(sys.argv[1:]):
+            print(help_text(overrides, registry))
+            return
         for_hydra = with_presets(overrides)  # each override in its place (+loss= written loss=), then presets
         sys.argv = [dict(zip(overrides, for_hydra)).get(arg, arg) for arg in sys.argv] + for_hydra[len(overrides) :]
     except UserError as error:
@@ -42,10 +70,6 @@ def main() -> None:
     @hydra.main(version_base="1.3", config_path=None, config_name=PRIMARY_CONFIG)
     def run(cfg) -> float | None:
         """Train one run; return its final reward (the mean of the last tenth of logged steps) for sweepers."""
-        from grpo_kit.checkpoint import claim_run_directory
-        from grpo_kit.report import final_reward
-        from grpo_kit.trainer import train  # torch and transformers load only once the config is valid
-
         hydra_cfg = HydraConfig.get()
         run_dir = Path(hydra_cfg.runtime.output_dir)
         in_sweep = hydra_cfg.mode == RunMode.MULTIRUN
@@ -57,6 +81,11 @@ def main() -> None:
                 (run_dir / "error.txt").write_text(f"{type(error).__name__}: {error}\n")
             return refused(error, in_sweep)
         note_default_loss(cfg)
+        # torch and transformers load only now that the config is valid: a refused run answers at once.
+        from grpo_kit.checkpoint import claim_run_directory
+        from grpo_kit.report import final_reward
+        from grpo_kit.trainer import train
+
         try:
             claim_run_directory(run_dir, cfg.trainer.resume)
         except UserError as error:  # the folder holds another run, which stays as it is
@@ -80,6 +109,17 @@ def main() -> None:
         return final_reward(run_dir)
 
     run()
+
+
+def help_text(overrides: list[str], registry: Registry) -> str:
+    """The plugins and presets to choose from, and the config that `overrides` compose."""
+    plugins = [f"{kind}: {', '.join(registry.names(kind))}" for kind in KINDS]
+    presets = [f"{group}: {', '.join(names)}" for group, names in preset_choices().items()]
+    try:
+        config = OmegaConf.to_yaml(hydra_composition(overrides, registry))
+    except ConfigCompositionException as error:  # what Hydra would print: its message and the cause
+        raise ConfigError(f"{error}\n{error.__cause__ or ''}".strip()) from None
+    return HELP.format(plugins="\n".join(plugins), presets="\n".join(presets), config=config)
 
 
 def refused(error: UserError, in_sweep: bool) -> None:

@@ -2,7 +2,8 @@
 combination, a warning where they discourage it. Each message says what to change.
 
 The rules are declared by the plugins (a loss's importance-sampling level, the correction levels it accepts,
-an advantage that needs groups), so this file names no plugin.
+an advantage that needs groups), so this file names no plugin. It reads them as the plugins registered them
+(`Plugin.traits`), so that checking a run imports no plugin's implementation.
 """
 
 import logging
@@ -21,26 +22,28 @@ MIXED_PRECISIONS = ("no", "bf16", "fp16")
 def check_compatibility(cfg: DictConfig, registry: Registry) -> None:
     check_generation(cfg.generation)
     check_training_length(cfg.trainer)
-    loss = registry.get("loss", cfg.loss.name).implementation
-    level = registry.get("importance_sampling", cfg.importance_sampling.name).implementation.level
-    correction = registry.get("rollout_correction", cfg.rollout_correction.name).implementation
-    advantage = registry.get("advantage", cfg.advantage.name).implementation
+    loss = registry.get("loss", cfg.loss.name).traits
+    level = registry.get("importance_sampling", cfg.importance_sampling.name).traits["level"]
+    correction_level = registry.get("rollout_correction", cfg.rollout_correction.name).traits["level"]
+    advantage = registry.get("advantage", cfg.advantage.name).traits
     algo = cfg.algorithm
 
-    wanted = getattr(loss, "importance_sampling_level", None)
+    wanted = loss["importance_sampling_level"]
     if wanted is not None and wanted != level:
+        # Only this warning's reason is read from the loss's class, which imports it.
+        advice = registry.get("loss", cfg.loss.name).implementation.importance_sampling_advice
         log.warning(
             "loss %s %s: importance_sampling=%s is discouraged, use importance_sampling=%s.",
-            cfg.loss.name, loss.importance_sampling_advice, cfg.importance_sampling.name, wanted,
+            cfg.loss.name, advice, cfg.importance_sampling.name, wanted,
         )
-    accepted = getattr(loss, "rollout_correction_levels", None)
-    if correction.level is not None and accepted is not None and correction.level not in accepted:
+    accepted = loss["rollout_correction_levels"]
+    if correction_level is not None and accepted is not None and correction_level not in accepted:
         raise ConfigError(
             f"loss {cfg.loss.name} takes only {'/'.join(accepted)}-level rollout corrections, but "
-            f"rollout_correction={cfg.rollout_correction.name} is {correction.level}-level: choose one of "
+            f"rollout_correction={cfg.rollout_correction.name} is {correction_level}-level: choose one of "
             f"{', '.join(_corrections_of_level(registry, accepted))} or none."
         )
-    if getattr(advantage, "needs_groups", False) and cfg.generation.num_generations < 2:
+    if advantage["needs_groups"] and cfg.generation.num_generations < 2:
         raise ConfigError(
             f"advantage={cfg.advantage.name} compares the completions of one prompt, so it needs "
             f"generation.num_generations >= 2 (got {cfg.generation.num_generations})."
@@ -110,4 +113,4 @@ def check_training_length(trainer: DictConfig) -> None:
 
 
 def _corrections_of_level(registry: Registry, levels) -> list[str]:
-    return [plugin.name for plugin in registry.plugins("rollout_correction") if plugin.implementation.level in levels]
+    return [plugin.name for plugin in registry.plugins("rollout_correction") if plugin.traits["level"] in levels]

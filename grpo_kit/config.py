@@ -126,7 +126,9 @@ class TrainerConfig:
     resume_force: bool = False  # resume even though the settings changed since the checkpoint
     max_bad_steps: int = 5  # non-finite losses in a row before the run saves and stops
     reward_timeout: float = 60.0  # seconds a batch's rewards may take; a reward still running gives None
-    reward_workers: int | None = None  # processes for CPU-heavy rewards (math verifiers); None: up to 8
+    # Processes for CPU-heavy rewards (math verifiers), started when a batch first needs them; None: one per CPU
+    # this process may use, up to 8.
+    reward_workers: int | None = None
     sample_every: int = 50  # steps between sample tables (samples.jsonl, samples.html); 0: none
     sample_rows: int = 16  # completions per sample table
 
@@ -297,6 +299,24 @@ def top_level_keys() -> list[str]:
 
 
 NOT_PRESETS = {"accelerate"}  # conf/accelerate/ holds `accelerate launch --config_file` files, not Hydra presets
+
+
+def preset_choices() -> dict[str, list[str]]:
+    """Each preset group in conf/ (`sweep/losses` for a folder inside one) with its presets' names, sorted."""
+    choices: dict[str, list[str]] = {}
+
+    def visit(folder, group: str) -> None:
+        names = sorted(entry.name.removesuffix(".yaml") for entry in folder.iterdir() if entry.name.endswith(".yaml"))
+        if names:
+            choices[group] = names
+        for entry in folder.iterdir():
+            if entry.is_dir() and not entry.name.startswith("_"):
+                visit(entry, f"{group}/{entry.name}")
+
+    for entry in importlib.resources.files(PRESETS_MODULE).iterdir():
+        if entry.is_dir() and not entry.name.startswith("_") and entry.name not in NOT_PRESETS:
+            visit(entry, entry.name)
+    return dict(sorted(choices.items()))
 
 
 def _first_key(key: str) -> str:

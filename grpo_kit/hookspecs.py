@@ -3,12 +3,17 @@
 A plugin is a module with functions marked ``@grpo_kit.hookimpl`` whose names are the hooks below. It reaches
 grpo_kit through the ``grpo_kit`` entry-point group, exactly as the built-in plugins under ``plugins/`` do.
 
-Every ``register_*`` hook is handed one callable, ``register(name, implementation, config=None)``:
+Every ``register_*`` hook is handed one callable, ``register(name, implementation, config=None, **traits)``:
 
 - ``name`` is the one string users type (``+loss=NAME``), the registry key and the metric prefix;
 - ``implementation`` is a class that is built with the plugin's config instance, ``implementation(config)``;
-  a reward may also be a plain function with TRL's reward signature;
-- ``config`` is a dataclass, both the schema and the defaults of the plugin's options (``loss.epsilon=...``).
+  a reward may also be a plain function with TRL's reward signature. Give its import path,
+  ``"package.module:Class"``, and it is imported only when a run builds it: a plugin module must not import
+  torch, which would then load with every ``grpo-kit`` command and every composed run;
+- ``config`` is a dataclass, both the schema and the defaults of the plugin's options (``loss.epsilon=...``);
+- ``traits`` are the class attributes the core checks a run's choices with before building anything
+  (``grpo_kit.plugins.TRAITS``: a loss's ``importance_sampling_level``, an advantage's ``needs_groups``, ...),
+  declared here by a plugin registered by import path; a class registered as such carries its own.
 
 The interface each kind of implementation provides is in ``grpo_kit/kinds.py``.
 """

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from grpo_kit.kinds import KINDS, MULTI_CHOICE_KINDS
-from grpo_kit.plugins import Plugin, Registry
+from grpo_kit.plugins import Plugin, Registry, qualified_name
 
 REQUIRED = "???"  # how Hydra writes a value that must be given
 
@@ -61,7 +61,7 @@ def describe(plugin: Plugin) -> InstalledPlugin:
         version=version,
         kind=plugin.kind,
         name=plugin.name,
-        implementation=qualified_name(plugin.implementation),
+        implementation=plugin.implementation_path,  # listing the plugins imports none of them
         config=qualified_name(plugin.config),
         options=config_options(plugin.config),
     )
@@ -73,11 +73,6 @@ def split_distribution(distribution: str) -> tuple[str, str | None]:
         return distribution, None
     name, version = distribution.rsplit(" ", 1)
     return name, version
-
-
-def qualified_name(obj: Any) -> str:
-    module = getattr(obj, "__module__", None) or "?"
-    return f"{module}:{getattr(obj, '__qualname__', type(obj).__qualname__)}"
 
 
 def config_options(config: type) -> list[Option]:

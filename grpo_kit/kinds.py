@@ -6,10 +6,15 @@ base classes (``GenerationConfig``, ``RewardConfig``) are the exception: the cor
 generation or reward plugin's config extends them.
 """
 
-from dataclasses import dataclass, field
-from typing import Any, ClassVar, Protocol
+# Annotations stay text, so that `torch` is needed only by a type checker: plugins' config modules, the CLI and
+# `grpo_kit.compose` import this file without importing torch.
+from __future__ import annotations
 
-import torch
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+
+if TYPE_CHECKING:
+    import torch
 
 KINDS = ("loss", "importance_sampling", "rollout_correction", "advantage", "reward", "generation", "hook")
 MULTI_CHOICE_KINDS = ("reward", "hook")  # several at once: +reward=[a,b]; stored at reward.NAME

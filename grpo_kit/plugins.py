@@ -1,13 +1,17 @@
 """Plugin discovery: the ``grpo_kit`` entry-point group, local modules, a block list, one registry per kind.
 
 Built-in plugins come through the same entry-point group as third-party ones; nothing here knows their names.
+A plugin registered by import path ("package.module:Name") is imported only when a run builds it, so that listing
+the plugins and composing a run import none of them, nor torch.
 """
 
 import dataclasses
+import functools
 import importlib
 import importlib.metadata
 import inspect
 import os
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,14 +38,47 @@ REGISTER_HOOK_OF_KIND = {
 # The core reads these fields, so a plugin of that kind must carry them.
 _REQUIRED_CONFIG_BASE = {"reward": RewardConfig, "generation": GenerationConfig}
 
+# What the core reads of a plugin before building it (grpo_kit/compatibility.py checks a run's choices with them),
+# each with the value it has when a plugin says nothing. A class carries them as class attributes
+# (grpo_kit/kinds.py); a plugin registered by import path declares them to `register` as keywords, so that
+# composing a run imports nothing of it. Registry.build checks that the built object agrees.
+TRAITS = {
+    "loss": {"importance_sampling_level": None, "rollout_correction_levels": None},
+    "importance_sampling": {"level": None},
+    "rollout_correction": {"level": None},
+    "advantage": {"needs_groups": False},
+}
+
+_IMPORT_PATH = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")  # package.module:Name
+
 
 @dataclass(frozen=True)
 class Plugin:
     kind: str
     name: str
-    implementation: Any
+    target: Any  # what was registered: the implementation, or its import path "package.module:Name"
     config: type  # a dataclass: the plugin's options and their defaults
     distribution: str  # "grpo-kit-losses 0.1.0", or "local module mylab.losses"
+    traits: dict[str, Any]  # TRAITS of its kind, by name
+
+    @property
+    def implementation_path(self) -> str:
+        """"package.module:Name", known without importing the implementation."""
+        return self.target if isinstance(self.target, str) else qualified_name(self.target)
+
+    @functools.cached_property
+    def implementation(self) -> Any:
+        """The class (or reward function), imported on first use when it was registered by import path."""
+        if not isinstance(self.target, str):
+            return self.target
+        module_name, _, attribute = self.target.partition(":")
+        try:
+            return functools.reduce(getattr, attribute.split("."), importlib.import_module(module_name))
+        except Exception as error:
+            raise PluginError(
+                f"The {self.kind} plugin {self.name!r} from {self.distribution} is implemented by {self.target}, "
+                f"which failed to load: {error!r}. Reinstall that distribution, or fix the import path it registers."
+            ) from error
 
 
 # The hooks a hook plugin's methods may implement (the register_* hooks are for plugin modules).
@@ -125,22 +162,28 @@ class Registry:
                 module_name = pm.get_name(hookimpl.plugin)
                 distribution = pm.distributions.get(module_name, f"local module {module_name}")
 
-                def register(name, implementation, config=None, *, kind=kind, distribution=distribution):
+                def register(name, implementation, config=None, *, kind=kind, distribution=distribution, **traits):
                     if not pm.is_disabled(kind, name):
-                        self._add(kind, name, implementation, config, distribution)
+                        self._add(kind, name, implementation, config, distribution, traits)
 
                 hookimpl.function(register=register)
 
-    def _add(self, kind, name, implementation, config, distribution) -> None:
+    def _add(self, kind, name, implementation, config, distribution, declared_traits) -> None:
+        where = f"{kind} plugin {name!r} from {distribution}"
+        if isinstance(implementation, str) and not _IMPORT_PATH.match(implementation):
+            raise PluginError(
+                f"The {where} is registered as {implementation!r}, which is not an import path: give the class "
+                "(or function) itself, or its path written package.module:Name."
+            )
         if config is None:
             config = _REQUIRED_CONFIG_BASE.get(kind) or dataclasses.make_dataclass(f"{name}_config", [])
         base = _REQUIRED_CONFIG_BASE.get(kind)
         if not dataclasses.is_dataclass(config) or (base and not issubclass(config, base)):
             needs = f"a dataclass extending grpo_kit.{base.__name__}" if base else "a dataclass"
-            raise PluginError(f"{kind} plugin {name!r} from {distribution}: its config must be {needs}, got {config!r}")
+            raise PluginError(f"{where}: its config must be {needs}, got {config!r}")
         if "name" in {f.name for f in dataclasses.fields(config)}:
             raise PluginError(
-                f"{kind} plugin {name!r} from {distribution}: its config {config.__qualname__} has a field `name`, "
+                f"{where}: its config {config.__qualname__} has a field `name`, "
                 f"which the core's `{kind}.name` (the plugin's name) would hide: rename that field."
             )
         existing = self._plugins[kind].get(name)
@@ -149,7 +192,8 @@ class Registry:
                 f"Two {kind} plugins are named {name!r}: one from {existing.distribution}, one from {distribution}. "
                 "Uninstall one of them, or block one with GRPO_KIT_DISABLE_PLUGINS."
             )
-        self._plugins[kind][name] = Plugin(kind, name, implementation, config, distribution)
+        traits = _traits(where, kind, implementation, declared_traits)
+        self._plugins[kind][name] = Plugin(kind, name, implementation, config, distribution, traits)
 
     def kinds(self) -> list[str]:
         return list(self._plugins)
@@ -181,6 +225,7 @@ class Registry:
         if not inspect.isclass(plugin.implementation):
             return _bind_options(plugin.implementation, config)
         built = plugin.implementation(config)
+        _check_traits(plugin, built)
         if kind == "hook":
             _check_hook_methods(plugin, built)
         return built
@@ -199,6 +244,36 @@ class Registry:
                 f"The {kind} plugin {name!r} ({plugin.distribution}) needs its option {error.full_key}, which has no "
                 f"default: set it with {option}=VALUE."
             ) from None
+
+
+def _traits(where: str, kind: str, implementation: Any, declared: dict) -> dict:
+    """The TRAITS of a plugin of `kind`: as declared to `register`, else as its class says, else the default."""
+    defaults = TRAITS.get(kind, {})
+    unknown = sorted(set(declared) - set(defaults))
+    if unknown:
+        known = f"a {kind} plugin declares only {', '.join(defaults)}" if defaults else f"a {kind} plugin has none"
+        raise PluginError(f"The {where} is registered with {', '.join(unknown)}, which is no trait: {known}.")
+    if not isinstance(implementation, str):  # imported already: read, not guessed
+        defaults = {trait: getattr(implementation, trait, default) for trait, default in defaults.items()}
+    return {**defaults, **declared}
+
+
+def qualified_name(obj: Any) -> str:
+    """"package.module:QualifiedName" of a class, a function, or an instance's class."""
+    module = getattr(obj, "__module__", None) or "?"
+    return f"{module}:{getattr(obj, '__qualname__', type(obj).__qualname__)}"
+
+
+def _check_traits(plugin: Plugin, built: Any) -> None:
+    """The run was composed with the traits the plugin registered: the built object must have the same ones."""
+    for trait, registered in plugin.traits.items():
+        actual = getattr(built, trait, TRAITS[plugin.kind][trait])
+        if actual != registered:
+            raise PluginError(
+                f"The {plugin.kind} plugin {plugin.name!r} (from {plugin.distribution}) is registered with "
+                f"{trait}={registered!r}, but {plugin.implementation_path} has {trait}={actual!r}: make its "
+                f"`register` call say {trait}={actual!r}."
+            )
 
 
 def _check_hook_methods(plugin: Plugin, hook: Any) -> None:

@@ -2,7 +2,11 @@
 
 The rewards of a batch run at the same time: `async def` rewards as coroutines on one event loop, other rewards
 each in a thread of their own, and rewards that declare `cpu_heavy = True` (math verifiers: sympy holds the GIL) in
-a pool of worker processes, the batch split among the workers. No reward holds a run up for longer than `timeout`:
+a pool of worker processes, the batch split among the workers. A CPU-heavy reward may also have a method
+`quick_scores` (called as the reward is), which returns {row: score} for the completions it can score without its
+heavy work (a plain number to compare, say): those are scored in this process, and only the rest go to the
+workers. The pool starts when a batch first has completions for it, so a run whose answers are all quick to score
+never pays for its processes. No reward holds a run up for longer than `timeout`:
 a call that runs past it or raises gives None for its completions and is counted in `rewards/NAME/failures`. A
 result the run cannot use (wrong length, a value that is not a finite number) is a bug in the reward, not bad
 luck, so it stops the run with RewardError.
@@ -27,18 +31,19 @@ from grpo_kit.errors import PluginError, RewardError
 
 log = logging.getLogger(__name__)
 
-DEFAULT_WORKERS = min(8, os.cpu_count() or 1)  # processes for CPU-heavy rewards when the caller names no number
+# The CPUs this process may use (a container's or taskset's share of the machine), where the platform says.
+_CPUS = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+DEFAULT_WORKERS = min(8, _CPUS)  # processes for CPU-heavy rewards when the caller names no number
 # Workers never fork the training process itself: forking a process that runs threads (and CUDA) is unsafe.
 _START_METHOD = "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
 
 
 @dataclass
 class _Call:
-    """One call of one reward on the completions [start, start + size) of the batch."""
+    """One call of one reward on some completions of the batch: their rows, in the order of its values."""
 
     name: str
-    start: int
-    size: int
+    rows: list[int]
     future: concurrent.futures.Future
 
 
@@ -63,9 +68,7 @@ class Scorer:
         self._loop = asyncio.new_event_loop()
         self._loop_thread = threading.Thread(target=self._loop.run_forever, name="grpo_kit-rewards", daemon=True)
         self._loop_thread.start()
-        self._pool = None
-        if self.in_processes:
-            self._start_pool()
+        self._pool = None  # started by the first batch that needs it
 
     def __call__(
         self, prompts: list, completions: list, completion_ids: list[list[int]], columns: dict
@@ -86,8 +89,8 @@ class Scorer:
             elif call.future.exception() is not None:
                 self._failed(call.name, f"raised {call.future.exception()!r}", call.future.exception())
             else:
-                values = _checked(call.name, call.future.result(), call.start, call.size)
-                scores[call.start : call.start + call.size, column[call.name]] = torch.tensor(values)
+                values = _checked(call.name, call.future.result(), call.rows)
+                scores[call.rows, column[call.name]] = torch.tensor(values)
                 continue
             failures[call.name] += 1
         if worker_stuck:
@@ -111,7 +114,7 @@ class Scorer:
     def _start(self, name: str, arguments: dict, count: int) -> list[_Call]:
         function = self.rewards[name]
         if name in self.in_processes:
-            return [self._in_process(name, function, arguments, start, stop) for start, stop in self._chunks(count)]
+            return self._in_processes(name, function, arguments, count)
         if _is_async(function):
             future = asyncio.run_coroutine_threadsafe(_awaited(function, arguments), self._loop)
         else:
@@ -119,20 +122,43 @@ class Scorer:
             # A daemon thread of its own, not a pool's: a reward stuck forever neither starves the next batch
             # of threads nor keeps the interpreter from exiting.
             threading.Thread(target=_run, args=(future, function, arguments), daemon=True).start()
-        return [_Call(name, 0, count, future)]
+        return [_Call(name, list(range(count)), future)]
 
-    def _in_process(self, name: str, function: Callable, arguments: dict, start: int, stop: int) -> _Call:
+    def _in_processes(self, name: str, function: Callable, arguments: dict, count: int) -> list[_Call]:
+        """Its quick scores from this process, and a call in a worker for each share of the other completions."""
+        quick = concurrent.futures.Future()
+        _run(quick, getattr(function, "quick_scores", _no_quick_scores), arguments)
+        if quick.exception() is not None:  # as if the reward itself had raised: the whole batch scores None
+            return [_Call(name, list(range(count)), quick)]
+        settled = quick.result()
+        calls = []
+        if settled:
+            values = concurrent.futures.Future()
+            values.set_result(list(settled.values()))
+            calls.append(_Call(name, list(settled), values))
+        rest = [row for row in range(count) if row not in settled]
+        return calls + [self._in_process(name, function, arguments, rows) for rows in self._shares(rest)]
+
+    def _in_process(self, name: str, function: Callable, arguments: dict, rows: list[int]) -> _Call:
+        if self._pool is None:
+            self._start_pool()
         count = len(arguments["completions"])
-        chunk = {key: value[start:stop] if _per_completion(value, count) else value for key, value in arguments.items()}
+        share = {
+            key: [value[row] for row in rows] if _per_completion(value, count) else value
+            for key, value in arguments.items()
+        }
         future = concurrent.futures.Future()
         # The reward itself is the task, so a worker imports only the reward's module, never the core.
-        self._pool.apply_async(function, (), chunk, callback=future.set_result, error_callback=future.set_exception)
-        return _Call(name, start, stop - start, future)
+        self._pool.apply_async(function, (), share, callback=future.set_result, error_callback=future.set_exception)
+        return _Call(name, rows, future)
 
-    def _chunks(self, count: int) -> list[tuple[int, int]]:
-        pieces = max(1, min(self.workers, count))
-        bounds = [count * piece // pieces for piece in range(pieces + 1)]
-        return list(zip(bounds, bounds[1:]))
+    def _shares(self, rows: list[int]) -> list[list[int]]:
+        """`rows` split into one consecutive share per worker (fewer when there are fewer rows)."""
+        pieces = min(self.workers, len(rows))
+        if not pieces:  # every completion was scored quickly
+            return []
+        bounds = [len(rows) * piece // pieces for piece in range(pieces + 1)]
+        return [rows[start:stop] for start, stop in zip(bounds, bounds[1:])]
 
     def _start_pool(self) -> None:
         # Inside a launcher's worker (joblib's loky) the default start method is the launcher's own, which the
@@ -158,6 +184,11 @@ class Scorer:
             "failures of %r are not logged again; rewards/%s/failures counts them.",
             name, cause, name, name, exc_info=error,
         )
+
+
+def _no_quick_scores(**arguments) -> dict:
+    """What a CPU-heavy reward without `quick_scores` scores quickly: nothing."""
+    return {}
 
 
 def _is_async(function: Callable) -> bool:
@@ -198,22 +229,22 @@ def _check_picklable(name: str, function: Callable) -> None:
         ) from error
 
 
-def _checked(name: str, values, start: int, size: int) -> list[float]:
+def _checked(name: str, values, rows: list[int]) -> list[float]:
     if hasattr(values, "tolist"):  # a numpy array or a tensor, which TRL accepts too
         values = values.tolist()
-    if not isinstance(values, (list, tuple)) or len(values) != size:
+    if not isinstance(values, (list, tuple)) or len(values) != len(rows):
         got = f"{len(values)} values" if isinstance(values, (list, tuple)) else f"a {type(values).__name__}"
         raise RewardError(
-            f"Reward {name!r} returned {got} for {size} completions: it must return a list with one number "
+            f"Reward {name!r} returned {got} for {len(rows)} completions: it must return a list with one number "
             "(or None for no opinion) per completion."
         )
     checked = []
-    for offset, value in enumerate(values):
+    for row, value in zip(rows, values):
         if value is None:
             checked.append(math.nan)
         elif not isinstance(value, numbers.Real) or not math.isfinite(value):
             raise RewardError(
-                f"Reward {name!r} returned {value!r} for completion {start + offset}: each value must be a finite "
+                f"Reward {name!r} returned {value!r} for completion {row}: each value must be a finite "
                 "number, or None for no opinion."
             )
         else:

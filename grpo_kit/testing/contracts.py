@@ -18,16 +18,26 @@ The subject is one of:
 (a model folder, say) come from overriding the class-scoped fixture `plugin_options`. `assert_contracts_cover`
 checks that a test module leaves none of its distribution's plugins unchecked.
 
+Every suite also checks an installed plugin's registration: its distribution's entry-point module, and registering
+its plugins, must not import torch (docs/plugins/README.md, "Registering lazily").
+
 The suites check what the core relies on; a plugin's own tests check its formulas with worked numbers.
 """
 
 import asyncio
 import copy
 import dataclasses
+import functools
+import importlib.metadata
 import inspect
+import json
 import math
 import numbers
+import os
 import pickle
+import subprocess
+import sys
+import textwrap
 import types
 from collections.abc import Sequence
 from typing import Any, ClassVar
@@ -40,7 +50,7 @@ from grpo_kit.config import hydra_composition, options
 from grpo_kit.hookspecs import hookimpl
 from grpo_kit.inventory import split_distribution
 from grpo_kit.kinds import KINDS, MULTI_CHOICE_KINDS, Completions, GenerationConfig, LossInputs, Reduction
-from grpo_kit.plugins import REGISTER_HOOK_OF_KIND, Plugin, Registry, plugin_manager
+from grpo_kit.plugins import ENTRY_POINT_GROUP, REGISTER_HOOK_OF_KIND, Plugin, Registry, plugin_manager
 
 __all__ = [
     "AdvantageContract",
@@ -155,6 +165,57 @@ class PluginContract:
         interpolated = {key: getattr(back, key) for key in node if OmegaConf.is_interpolation(node, key)}
         expected = dataclasses.replace(plugin_config, **interpolated)
         assert back == expected, f"{contract_case}: {expected} came back from a composed run as {back}"
+
+    def test_registration_imports_no_torch(self, contract_case):
+        """`grpo-kit plugins`, the CLI's help and errors, and `grpo_kit.compose` import every installed plugin's
+        entry-point module and register its plugins: in a fresh process, neither may import torch."""
+        if self.implementation is not None:
+            pytest.skip("not installed yet: `implementation = ...` has no entry-point module")
+        for module in _entry_point_modules(contract_case.plugin.distribution):
+            torch_came_with = _what_imports_torch(module)
+            assert torch_came_with is None, (
+                f"{torch_came_with} imports torch, which then loads with every grpo-kit command and every composed "
+                "run. Register the implementation by its import path, register(name, 'package.module:Class', Config), "
+                "keep the config dataclass in a module that does not import torch, and declare the traits the core "
+                f"reads to `register` (docs/plugins/README.md). `python -X importtime -c 'import {module}'` shows "
+                "what imports it."
+            )
+
+
+def _entry_point_modules(distribution: str) -> list[str]:
+    """The modules that register a distribution's plugins ("local module X": X itself)."""
+    name, _ = split_distribution(distribution)
+    if name.startswith("local module "):
+        return [name.removeprefix("local module ")]
+    entry_points = importlib.metadata.distribution(name).entry_points.select(group=ENTRY_POINT_GROUP)
+    return sorted({entry_point.module for entry_point in entry_points})
+
+
+_TORCH_CHECK = textwrap.dedent("""
+    import json, sys
+    module = sys.argv[1]
+    __import__(module)
+    on_import = "torch" in sys.modules
+    from grpo_kit.inventory import installed_plugins
+    from grpo_kit.plugins import Registry, plugin_manager
+    installed_plugins(Registry(plugin_manager(autoload=False, local_modules=[module], disabled=[])))
+    print(json.dumps({"on_import": on_import, "on_registration": "torch" in sys.modules}))
+""")
+
+
+@functools.cache  # one fresh process per module, however many plugins and suites it has
+def _what_imports_torch(module: str) -> str | None:
+    """What, in a fresh process, imports torch: importing `module`, or registering its plugins; None: neither."""
+    environment = {**os.environ, "PYTHONPATH": os.pathsep.join(path for path in sys.path if path)}  # local modules too
+    child = subprocess.run([sys.executable, "-c", _TORCH_CHECK, module], capture_output=True, text=True, env=environment)
+    if child.returncode != 0:
+        raise AssertionError(f"Registering the plugins of {module} in a fresh process failed:\n{child.stderr}")
+    found = json.loads(child.stdout.splitlines()[-1])
+    if found["on_import"]:
+        return f"Importing {module}"
+    if found["on_registration"]:
+        return f"Registering the plugins of {module} (its register_* hooks, or the classes they import)"
+    return None
 
 
 def _registry_of_one(kind: str, name: str, implementation, config) -> Registry:
@@ -619,6 +680,19 @@ class RewardContract(PluginContract):
         if self.deterministic:
             expected = torch.tensor([math.nan if value is None else float(value) for value in direct])
             _assert_close(scores[:, 0], expected, "the Scorer's values differ from a direct call's", equal_nan=True)
+
+    def test_quick_scores_are_those_of_a_full_call(self, plugin):
+        """A reward's `quick_scores` ({row: score}, what the Scorer scores without its worker processes) must give
+        each completion it settles the score a full call gives it."""
+        if not hasattr(plugin, "quick_scores"):
+            pytest.skip("no quick_scores: the Scorer calls the reward on every completion")
+        for chat in (False, True):
+            full = self.checked(_awaited(plugin(**self.arguments(chat))))
+            quick = plugin.quick_scores(**self.arguments(chat))
+            assert isinstance(quick, dict) and set(quick) <= set(range(len(full))), (
+                f"quick_scores returns {{row: score}} for rows of the batch, got {quick!r}"
+            )
+            assert quick == {row: full[row] for row in quick}, f"quick scores {quick} differ from a full call's {full}"
 
     def test_a_cpu_heavy_reward_can_reach_a_worker_process(self, plugin):
         if not getattr(plugin, "cpu_heavy", False):

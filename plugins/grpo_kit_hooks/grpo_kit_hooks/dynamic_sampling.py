@@ -6,15 +6,8 @@ scoring more prompts until the batch is full of groups with some spread. `max_dr
 they run out, the batch is filled up with the zero-spread groups it already had, so its size never changes.
 """
 
-from dataclasses import dataclass
-
 import grpo_kit
-
-
-@dataclass
-class DynamicSamplingConfig:
-    max_draws: int = 3  # extra rounds of generation per batch at most (DAPO's max_num_gen_batches)
-    min_std: float = 1e-6  # a group whose reward std is at most this counts as having no spread
+from grpo_kit_hooks.configs import DynamicSamplingConfig
 
 
 class DynamicSampling:

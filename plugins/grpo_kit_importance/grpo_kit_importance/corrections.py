@@ -9,15 +9,10 @@ variants, set to 0 wherever it falls outside [min, max].
 """
 
 import math
-from dataclasses import dataclass
 
 import torch
 
-
-@dataclass
-class CorrectionConfig:
-    min: float | None = None  # lower bound on the ratio; None: unbounded below
-    max: float | None = 3.0  # upper bound on the ratio; None: unbounded above
+from grpo_kit_importance.configs import CorrectionConfig
 
 
 class RolloutCorrection:

@@ -5,18 +5,12 @@ reduced over the active tokens of the batch like dapo. eps_max (`epsilon_high`) 
 ScaleRL recommends (https://arxiv.org/abs/2510.13786); TRL falls back to `epsilon` instead.
 """
 
-from dataclasses import dataclass
-
 import torch
 
 from grpo_kit.kinds import LigerLoss
 from grpo_kit.reductions import global_token_mean, masked_mean
+from grpo_kit_losses.configs import CISPOConfig
 from grpo_kit_losses.token_sums import SUMS_TOKENS_ADVICE
-
-
-@dataclass
-class CISPOConfig:
-    epsilon_high: float = 5.0  # eps_max: the importance weight's upper bound
 
 
 class CISPO:

@@ -6,19 +6,11 @@ PPO's clipped objective (Schulman et al. 2017, https://arxiv.org/abs/1707.06347)
 (https://arxiv.org/abs/2505.07291).
 """
 
-from dataclasses import dataclass
-
 import torch
 
 from grpo_kit.kinds import LigerLoss
 from grpo_kit.reductions import masked_mean, per_sequence_mean
-
-
-@dataclass
-class ClippedConfig:
-    epsilon: float = 0.2  # lower clip: the ratio is kept above 1 - epsilon where the advantage is negative
-    epsilon_high: float | None = None  # upper clip; None uses epsilon (DAPO recommends 0.28)
-    delta: float | None = None  # caps the unclipped ratio too; INTELLECT-2 recommends > 1 + epsilon
+from grpo_kit_losses.configs import ClippedConfig
 
 
 class ClippedSurrogate:

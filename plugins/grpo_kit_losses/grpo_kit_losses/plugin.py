@@ -1,24 +1,25 @@
-"""Registers the built-in losses, exactly as a third-party distribution would."""
+"""Registers the built-in losses, exactly as a third-party distribution would.
+
+Each loss is named by import path and imported only when a run builds it, so listing the plugins and composing a
+run import no loss, nor torch. What the core checks a run's choices with (the importance-sampling level a loss
+wants, the rollout corrections it takes) is declared here for the same reason; Registry.build checks that the
+class says the same.
+"""
 
 import grpo_kit
-from grpo_kit_losses.bnpo import BNPO
-from grpo_kit_losses.cispo import CISPO, CISPOConfig
-from grpo_kit_losses.clipped import ClippedConfig
-from grpo_kit_losses.dapo import DAPO
-from grpo_kit_losses.dr_grpo import DrGRPO
-from grpo_kit_losses.grpo import GRPO
-from grpo_kit_losses.luspo import LUSPO
-from grpo_kit_losses.sapo import SAPO, SAPOConfig
-from grpo_kit_losses.vespo import VESPO, VESPOConfig
+from grpo_kit_losses.configs import CISPOConfig, ClippedConfig, SAPOConfig, VESPOConfig
 
 
 @grpo_kit.hookimpl
 def register_losses(register):
-    register("grpo", GRPO, ClippedConfig)
-    register("bnpo", BNPO, ClippedConfig)
-    register("dr_grpo", DrGRPO, ClippedConfig)
-    register("dapo", DAPO, ClippedConfig)
-    register("luspo", LUSPO, ClippedConfig)
-    register("cispo", CISPO, CISPOConfig)
-    register("sapo", SAPO, SAPOConfig)
-    register("vespo", VESPO, VESPOConfig)
+    register("grpo", "grpo_kit_losses.grpo:GRPO", ClippedConfig)
+    register("bnpo", "grpo_kit_losses.bnpo:BNPO", ClippedConfig, importance_sampling_level="token")
+    register("dr_grpo", "grpo_kit_losses.dr_grpo:DrGRPO", ClippedConfig, importance_sampling_level="token")
+    register("dapo", "grpo_kit_losses.dapo:DAPO", ClippedConfig, importance_sampling_level="token")
+    register("luspo", "grpo_kit_losses.luspo:LUSPO", ClippedConfig, importance_sampling_level="sequence")
+    register("cispo", "grpo_kit_losses.cispo:CISPO", CISPOConfig, importance_sampling_level="token")
+    register("sapo", "grpo_kit_losses.sapo:SAPO", SAPOConfig)
+    register(
+        "vespo", "grpo_kit_losses.vespo:VESPO", VESPOConfig,
+        importance_sampling_level="token", rollout_correction_levels=("token",),
+    )

@@ -5,18 +5,11 @@ f(r) = sigmoid(tau * (r - 1)) * 4 / tau, equal to r's slope at r = 1 and fading 
 `temperature_pos` where the advantage is positive, `temperature_neg` elsewhere. Reduced per sequence like grpo.
 """
 
-from dataclasses import dataclass
-
 import torch
 
 from grpo_kit.kinds import LigerLoss
 from grpo_kit.reductions import sequence_mean
-
-
-@dataclass
-class SAPOConfig:
-    temperature_pos: float = 1.0
-    temperature_neg: float = 1.05
+from grpo_kit_losses.configs import SAPOConfig
 
 
 class SAPO:

@@ -7,23 +7,15 @@ correction lives inside phi instead of multiplying the loss. phi is a constant s
 """
 
 import math
-from dataclasses import dataclass
 
 import torch
 
 from grpo_kit.kinds import LigerLoss
 from grpo_kit.reductions import global_token_mean
+from grpo_kit_losses.configs import VESPOConfig
 
 LOG_MIN_WEIGHT = math.log(1e-8)  # the paper's floor on w, applied in log space
 LOG_MAX_WEIGHT = 20.0
-
-
-@dataclass
-class VESPOConfig:
-    k_pos: float = 2.0
-    lambda_pos: float = 3.0
-    k_neg: float = 3.0
-    lambda_neg: float = 2.0
 
 
 class VESPO:

@@ -7,6 +7,7 @@ unless `solution_column` names another.
 """
 
 from grpo_kit_rewards.math_answers import is_correct
+from grpo_kit_rewards.plain_answers import plain_verdict
 from grpo_kit_rewards.text import completion_text
 
 
@@ -23,6 +24,12 @@ class Accuracy:
     def __call__(self, prompts, completions, completion_ids, **columns) -> list[float | None]:
         solutions = gold_answers(columns, self.solution_column, "accuracy")
         return [is_correct(completion_text(c), gold) for c, gold in zip(completions, solutions)]
+
+    def quick_scores(self, prompts, completions, completion_ids, **columns) -> dict[int, float]:
+        """The scores that plain text settles (plain_answers.py), which the Scorer gives without its workers."""
+        solutions = gold_answers(columns, self.solution_column, "accuracy")
+        verdicts = [plain_verdict(completion_text(c), gold) for c, gold in zip(completions, solutions)]
+        return {row: verdict for row, verdict in enumerate(verdicts) if verdict is not None}
 
 
 def gold_answers(columns: dict, column: str, reward: str) -> list[str]:

@@ -15,6 +15,7 @@ import math
 
 from grpo_kit_rewards.accuracy import gold_answers
 from grpo_kit_rewards.math_answers import is_correct
+from grpo_kit_rewards.plain_answers import plain_verdict
 from grpo_kit_rewards.text import completion_text
 
 
@@ -37,13 +38,20 @@ class CosineScaled:
 
     def __call__(self, prompts, completions, completion_ids, **columns) -> list[float | None]:
         solutions = gold_answers(columns, self.solution_column, "cosine_scaled")
-        rewards = []
-        for completion, ids, gold in zip(completions, completion_ids, solutions):
-            correct = is_correct(completion_text(completion), gold)
-            if correct is None:
-                rewards.append(None)
-                continue
-            low, high = self.correct if correct else self.wrong
-            progress = min(len(ids) / self.max_len, 1.0)
-            rewards.append(low + (high - low) * (1.0 + math.cos(math.pi * progress)) / 2)
-        return rewards
+        return [
+            self._scaled(is_correct(completion_text(completion), gold), len(ids))
+            for completion, ids, gold in zip(completions, completion_ids, solutions)
+        ]
+
+    def quick_scores(self, prompts, completions, completion_ids, **columns) -> dict[int, float]:
+        """The scores that need no math-verify (plain_answers.py), which the Scorer gives without its workers."""
+        solutions = gold_answers(columns, self.solution_column, "cosine_scaled")
+        verdicts = [plain_verdict(completion_text(c), gold) for c, gold in zip(completions, solutions)]
+        return {row: self._scaled(v, len(completion_ids[row])) for row, v in enumerate(verdicts) if v is not None}
+
+    def _scaled(self, correct: float | None, length: int) -> float | None:
+        if correct is None:  # the gold answer cannot be parsed
+            return None
+        low, high = self.correct if correct else self.wrong
+        progress = min(length / self.max_len, 1.0)
+        return low + (high - low) * (1.0 + math.cos(math.pi * progress)) / 2

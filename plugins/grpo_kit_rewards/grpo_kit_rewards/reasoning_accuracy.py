@@ -8,6 +8,7 @@ that is cut off. An unparsable gold answer gives None, as in accuracy.
 
 from grpo_kit_rewards.accuracy import gold_answers
 from grpo_kit_rewards.math_answers import is_correct
+from grpo_kit_rewards.plain_answers import plain_verdict
 from grpo_kit_rewards.text import completion_text
 
 
@@ -24,10 +25,16 @@ class ReasoningAccuracy:
 
     def __call__(self, prompts, completions, completion_ids, **columns) -> list[float | None]:
         solutions = gold_answers(columns, self.solution_column, "reasoning_accuracy")
-        return [self._score(completion_text(c), gold) for c, gold in zip(completions, solutions)]
+        return [self._score(completion_text(c), gold, is_correct) for c, gold in zip(completions, solutions)]
 
-    def _score(self, text: str, gold: str) -> float | None:
+    def quick_scores(self, prompts, completions, completion_ids, **columns) -> dict[int, float]:
+        """The scores that need no math-verify (plain_answers.py), which the Scorer gives without its workers."""
+        solutions = gold_answers(columns, self.solution_column, "reasoning_accuracy")
+        scores = [self._score(completion_text(c), gold, plain_verdict) for c, gold in zip(completions, solutions)]
+        return {row: score for row, score in enumerate(scores) if score is not None}
+
+    def _score(self, text: str, gold: str, verdict) -> float | None:
         delimiter = next((d for d in self.reasoning_delimiters if d in text), None)
         if delimiter is None:
             return 0.0
-        return is_correct(text.split(delimiter)[-1], gold)
+        return verdict(text.split(delimiter)[-1], gold)

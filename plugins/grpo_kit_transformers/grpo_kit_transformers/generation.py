@@ -12,49 +12,14 @@ processes whose completions have all ended keep stepping until every process is 
 
 import contextlib
 import copy
-from dataclasses import dataclass
-from typing import Any
 
 import torch
 import transformers
 from accelerate.utils import DistributedType
 
-from grpo_kit import Completions, GenerationConfig
-from grpo_kit.errors import ConfigError
+from grpo_kit import Completions
 from grpo_kit.lora import has_adapters, merged_copy, refresh_merged_copy
-
-
-@dataclass
-class TransformersGenerationConfig(GenerationConfig):
-    cache_implementation: str | None = None  # e.g. "static"; None: transformers' dynamic KV cache
-    generation_kwargs: Any = None  # a dict of any other GenerationConfig fields, applied last
-    merge_lora: bool = False  # generate from a copy with the LoRA adapters merged into the weights
-    # DeepSpeed ZeRO-3 only: gather the whole model for generation (fast); false gathers layer by layer, for a model
-    # too big for one device's memory (slow). TRL's option of the same name.
-    ds3_gather_for_generation: bool = True
-
-    def __post_init__(self):
-        # transformers would refuse these only inside the first generate call, after the model has loaded.
-        if not 0 < self.top_p <= 1:
-            raise ConfigError(
-                f"generation.top_p={self.top_p} must lie in (0, 1]: it samples from the most likely tokens whose "
-                "probabilities add up to top_p. Use 1.0 to turn it off, or 0.95, say."
-            )
-        if self.top_k is not None and self.top_k < 0:
-            raise ConfigError(
-                f"generation.top_k={self.top_k} must be a positive number of tokens to sample from, or null (or 0) "
-                "to turn top-k filtering off."
-            )
-        if self.min_p is not None and not 0 <= self.min_p <= 1:
-            raise ConfigError(
-                f"generation.min_p={self.min_p} must lie in [0, 1]: it drops the tokens less likely than min_p times "
-                "the most likely one. Use null to turn it off, or 0.05, say."
-            )
-        if self.repetition_penalty <= 0:
-            raise ConfigError(
-                f"generation.repetition_penalty={self.repetition_penalty} must be positive: 1.0 leaves the "
-                "probabilities as they are, and values above 1 (1.1, say) discourage repeated tokens."
-            )
+from grpo_kit_transformers.configs import TransformersGenerationConfig
 
 
 class TransformersGeneration:

@@ -1,9 +1,10 @@
-"""Registers the in-process transformers generation backend."""
+"""Registers the in-process transformers generation backend, by import path: torch and transformers are imported
+only when a run builds it."""
 
 import grpo_kit
-from grpo_kit_transformers.generation import TransformersGeneration, TransformersGenerationConfig
+from grpo_kit_transformers.configs import TransformersGenerationConfig
 
 
 @grpo_kit.hookimpl
 def register_generations(register):
-    register("transformers", TransformersGeneration, TransformersGenerationConfig)
+    register("transformers", "grpo_kit_transformers.generation:TransformersGeneration", TransformersGenerationConfig)

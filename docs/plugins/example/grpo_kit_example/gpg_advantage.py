@@ -17,17 +17,10 @@ sampling until at least a share beta_th of the groups has spread; `+hook=dynamic
 thing of filling the whole batch with such groups (alpha is then 1).
 """
 
-from dataclasses import dataclass
-
 import torch
 
 from grpo_kit.advantages import nanstd, weighted_rewards
-
-
-@dataclass
-class GPGAdvantageConfig:
-    gradient_correction: bool = True  # multiply by alpha = B / (B - M), M the groups with no reward spread
-    normalize_by_std: bool = False  # divide by the group's reward std (F_norm = std), as GRPO does; GPG uses 1
+from grpo_kit_example.configs import GPGAdvantageConfig
 
 
 class GPGAdvantage:

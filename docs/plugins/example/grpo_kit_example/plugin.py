@@ -1,31 +1,33 @@
 """Registers this distribution's plugins; the `grpo_kit` entry point in pyproject.toml names this module.
 
-Each hook registers plugins of one kind: `register(name, implementation, config)`. The name is what users type
-(`+loss=gpg`, `advantage=gpg`, `+reward=regex_format`, `+hook=reward_target`); the config dataclass's fields become their options.
+Each hook registers plugins of one kind: `register(name, "package.module:Class", Config)`. The name is what users
+type (`+loss=gpg`, `advantage=gpg`, `+reward=regex_format`, `+hook=reward_target`); the config dataclass's fields
+become their options. The class is named by its import path and imported only when a run builds it: grpo_kit
+imports this module for every `grpo-kit` command and every composed run, so it must not import torch (the kit's
+contract tests check that). For the same reason what the core checks a run's choices with before building
+anything is declared here (`needs_groups=True`); a run checks that the class says the same.
 """
 
 import grpo_kit
-from grpo_kit_example.gpg_advantage import GPGAdvantage, GPGAdvantageConfig
-from grpo_kit_example.gpg_loss import GPG
-from grpo_kit_example.regex_format import RegexFormat, RegexFormatConfig
-from grpo_kit_example.reward_target import RewardTarget, RewardTargetConfig
+from grpo_kit_example.configs import GPGAdvantageConfig, RegexFormatConfig, RewardTargetConfig
 
 
 @grpo_kit.hookimpl
 def register_losses(register):
-    register("gpg", GPG)  # no config: the loss has no options
+    register("gpg", "grpo_kit_example.gpg_loss:GPG")  # no config: the loss has no options
 
 
 @grpo_kit.hookimpl
 def register_advantages(register):
-    register("gpg", GPGAdvantage, GPGAdvantageConfig)
+    register("gpg", "grpo_kit_example.gpg_advantage:GPGAdvantage", GPGAdvantageConfig, needs_groups=True)
 
 
 @grpo_kit.hookimpl
 def register_rewards(register):
-    register("regex_format", RegexFormat, RegexFormatConfig)
+    register("regex_format", "grpo_kit_example.regex_format:RegexFormat", RegexFormatConfig)
 
 
 @grpo_kit.hookimpl
 def register_hooks(register):
-    register("reward_target", RewardTarget, RewardTargetConfig)  # +hook=reward_target hook.reward_target.target=0.5
+    # +hook=reward_target hook.reward_target.target=0.5
+    register("reward_target", "grpo_kit_example.reward_target:RewardTarget", RewardTargetConfig)

@@ -6,15 +6,8 @@ whitespace is ignored; a chat completion is judged by the content of its last me
 """
 
 import re
-from dataclasses import dataclass
 
-import grpo_kit
-
-
-@dataclass
-class RegexFormatConfig(grpo_kit.RewardConfig):  # a reward's config extends RewardConfig (it carries `weight`)
-    pattern: str = r"\d+"  # a Python regular expression
-    full_match: bool = True  # the whole completion must match; false: the pattern may match anywhere in it
+from grpo_kit_example.configs import RegexFormatConfig
 
 
 class RegexFormat:

@@ -2,14 +2,9 @@
 reaches a target, so a sweep can be read for "steps to reach 0.5" without scanning every metrics file."""
 
 import json
-from dataclasses import dataclass
 
 import grpo_kit
-
-
-@dataclass
-class RewardTargetConfig:
-    target: float = 0.5  # the mean logged reward to reach
+from grpo_kit_example.configs import RewardTargetConfig
 
 
 class RewardTarget:
