@@ -15,7 +15,7 @@ class VLLMServerConfig(GenerationConfig):
     # none: a server you started (`vllm serve`, docs/generation.md); vllm: start `vllm serve` for this run; test: start
     # the CPU test server (grpo_kit_vllm.testing.server). A started server is stopped when the run ends.
     launch: str = "none"
-    connect_timeout: float = 30.0  # seconds: a server not answering /health by then fails the run at its start
+    connect_timeout: float = 20.0  # seconds: a server not answering /health by then fails the run at its start
     launch_timeout: float = 900.0  # seconds a started server may take to load its model and answer /health
     request_timeout: float = 600.0  # seconds one request (a whole generation batch) may take
     retries: int = 4  # a request the server does not answer is tried again this often, after 1, 2, 4... s
