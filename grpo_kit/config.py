@@ -115,6 +115,9 @@ class TrainerConfig:
     adam_beta2: float = 0.999
     adam_epsilon: float = 1e-8
     max_grad_norm: float = 1.0
+    # Micro-batches of completions of similar lengths, each padded only to its own longest: less compute for the
+    # same gradient (grpo_kit/batching.py). None: wherever the loss and settings leave the gradient unchanged.
+    group_by_length: bool | None = None
     mixed_precision: str = "no"  # no, bf16 (CPU too) or fp16 (GPU): accelerate's autocast around the forward passes
     report_to: list[str] = field(default_factory=list)  # experiment trackers: tensorboard, wandb (offline), trackio
     logging_steps: int = 1

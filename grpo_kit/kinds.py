@@ -70,6 +70,10 @@ class Loss(Protocol):
     # own weights (vespo) sets `consumes_rollout_ratio`, and the core does not multiply the loss by it.
     rollout_correction_levels: ClassVar[tuple[str, ...] | None]
     consumes_rollout_ratio: ClassVar[bool]
+    # True: a step's gradient is the same however its completions are split into micro-batches (`reduce` divides
+    # by a constant of the step, or averages micro-batches of equal size), so the trainer may put completions of
+    # similar lengths together and pad less (trainer.group_by_length). The conformance kit checks it.
+    accumulation_invariant: ClassVar[bool]
 
     def per_token_loss(self, inputs: LossInputs) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """The (B, T) or (B, 1) loss before masks, correction and KL; and metrics, name -> scalar tensor."""

@@ -19,6 +19,7 @@ from grpo_kit.reductions import masked_mean
 class ObjectiveOutput:
     loss: torch.Tensor  # scalar, already scaled for gradient accumulation
     metrics: dict[str, torch.Tensor] = field(default_factory=dict)  # name -> scalar, detached
+    per_token_logps: torch.Tensor | None = None  # (B, T), detached: the log-probs the loss was computed from
 
 
 @dataclass
@@ -87,7 +88,8 @@ class Objective:
             mean_entropy = (entropies * trained).sum() / trained.sum().clamp(min=1.0)
             loss = loss - algo.entropy_coef * mean_entropy / gradient_accumulation_steps
         metrics["entropy"] = masked_mean(entropies, mask)
-        return ObjectiveOutput(loss, {name: value.detach() for name, value in metrics.items()})
+        metrics = {name: value.detach() for name, value in metrics.items()}
+        return ObjectiveOutput(loss, metrics, per_token_logps.detach())
 
     def rollout_correction(self, old_per_token_logps, sampling_per_token_logps, completion_mask):
         """The ratio that corrects for the sampler's mismatch with the trainer; None when no correction is chosen."""

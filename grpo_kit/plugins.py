@@ -43,7 +43,7 @@ _REQUIRED_CONFIG_BASE = {"reward": RewardConfig, "generation": GenerationConfig}
 # (grpo_kit/kinds.py); a plugin registered by import path declares them to `register` as keywords, so that
 # composing a run imports nothing of it. Registry.build checks that the built object agrees.
 TRAITS = {
-    "loss": {"importance_sampling_level": None, "rollout_correction_levels": None},
+    "loss": {"importance_sampling_level": None, "rollout_correction_levels": None, "accumulation_invariant": False},
     "importance_sampling": {"level": None},
     "rollout_correction": {"level": None},
     "advantage": {"needs_groups": False},

@@ -97,7 +97,7 @@ class PolicyLoss:
                 hidden.detach(), head, micro_batch["completion_ids"], self.temperature, chunk_size=self.chunk_size
             )
             metrics = self.objective(per_token_logps, entropies, micro_batch, **reduction).metrics
-        return ObjectiveOutput(loss, metrics)
+        return ObjectiveOutput(loss, metrics, per_token_logps)
 
     def _fall_back(self, reason: str) -> None:
         if reason not in self._logged:

@@ -8,6 +8,7 @@ optimizer step accumulates `gradient_accumulation_steps` micro-batches; a genera
 
 import contextlib
 import enum
+import functools
 import logging
 import math
 import os
@@ -26,6 +27,7 @@ from accelerate.utils import ProjectConfiguration, gather_object, set_seed
 from omegaconf import DictConfig, OmegaConf
 from transformers import get_scheduler
 
+from grpo_kit.batching import group_by_length, moves_before_use, split
 from grpo_kit.builders import build_advantage, build_hooks, build_rewards
 from grpo_kit.checkpoint import (
     CHECKPOINTS,
@@ -89,6 +91,7 @@ def train(cfg: DictConfig, run_dir: str | Path, registry: Registry | None = None
     t, algo = cfg.trainer, cfg.algorithm
     num_generations = cfg.generation.num_generations
     steps_per_generation = algo.steps_per_generation or t.gradient_accumulation_steps
+    by_length = group_by_length(cfg, objective.loss, steps_per_generation)
     trackers = check_trackers(list(t.report_to))
     accelerator = build_accelerator(t, run_dir, trackers)
     generation_batch_size = t.per_device_train_batch_size * steps_per_generation  # completions, this process
@@ -214,6 +217,10 @@ def train(cfg: DictConfig, run_dir: str | Path, registry: Registry | None = None
             hooks.on_log(run=run, step=0, metrics={"step": 0, **evaluator(0)})
 
         bad_steps, grad_norm = 0, math.nan
+        split_batch = functools.partial(
+            split, steps_per_generation=steps_per_generation, accumulation=t.gradient_accumulation_steps,
+            by_length=by_length,
+        )
         for step in range(state.step + 1, max_steps + 1):
             started = time.perf_counter()
             model.train()
@@ -224,18 +231,23 @@ def train(cfg: DictConfig, run_dir: str | Path, registry: Registry | None = None
                     if state.micro_step % (steps_per_generation * algo.num_iterations) == 0:
                         model.eval()
                         state.micro_batches, state.rollout_metrics = generate_batch(
-                            rollout, run, references, model, prompts_per_generation, steps_per_generation, accelerator
+                            rollout, run, references, model, prompts_per_generation, accelerator, split_batch,
+                            moved=moves_before_use(state.micro_step, steps_per_generation, t.gradient_accumulation_steps),
                         )
                         model.train()
                         if samples is not None:
                             samples.record(step, *sample_columns(rollout))
-                    micro_batch = state.micro_batches[state.micro_step % steps_per_generation]
+                    position = state.micro_step % steps_per_generation
+                    micro_batch = state.micro_batches[position]
                     state.micro_step += 1
                     for name, value in state.rollout_metrics.items():  # the generation batch it came from
                         window[name].append(value)
 
                     ends_step = index == t.gradient_accumulation_steps - 1
                     out, finite, step_grad_norm = optimization.train_on(micro_batch, finite, ends_step)
+                    if references.off_policy and "old_per_token_logps" not in micro_batch:
+                        # Trained on before the policy moved: its log-probs are the old ones of the iterations to come.
+                        state.micro_batches[position] = micro_batch | {"old_per_token_logps": out.per_token_logps}
                     if step_grad_norm is not None:
                         grad_norm = step_grad_norm
                     window["loss/micro"].append(accelerator.gather(out.loss.detach().reshape(1)).mean().item())
@@ -489,7 +501,7 @@ class TrainState:
         return {
             "sampler": self.sampler.state(),
             "micro_step": self.micro_step,
-            "micro_batches": self.micro_batches,  # replaced by a new generation batch, never changed in place
+            "micro_batches": list(self.micro_batches),  # a micro-batch is replaced, never changed in place
             "rollout_metrics": self.rollout_metrics,
             "window": {name: list(values) for name, values in self.window.items()},
             "replay_position": None if self.replay is None else self.replay.count,
@@ -578,10 +590,12 @@ class ReferenceQuantities:
         return self.objective.correction.level is not None
 
     @torch.no_grad()
-    def add(self, policy, micro_batch: dict[str, torch.Tensor]) -> None:
+    def add(self, policy, micro_batch: dict[str, torch.Tensor], moved: bool = True) -> None:
+        """`moved`: the policy will have taken an optimizer step before the micro-batch is first trained on.
+        Otherwise its old log-probs are those its first training pass computes (the trainer keeps them)."""
         sampling = micro_batch.get("sampling_per_token_logps")
         corrected = sampling is not None and self.wants_sampling_logps
-        if self.off_policy or corrected:
+        if (self.off_policy and moved) or corrected:
             micro_batch["old_per_token_logps"], _ = self.policy_loss.logps(policy, micro_batch)
         if corrected:
             micro_batch["importance_sampling_ratio"] = self.objective.rollout_correction(
@@ -593,19 +607,16 @@ class ReferenceQuantities:
 
 
 @torch.no_grad()
-def generate_batch(rollout, run, references, model, num_prompts, steps_per_generation, accelerator):
-    """A scored generation batch, shuffled and split into `steps_per_generation` micro-batches."""
+def generate_batch(rollout, run, references, model, num_prompts, accelerator, split_batch, moved):
+    """A scored generation batch, `split` into micro-batches (grpo_kit/batching.py) with their reference
+    quantities; `moved[i]`: whether the policy moves before micro-batch i is first trained on."""
     batch, metrics = rollout(run, num_prompts)
     batch = {name: tensor.to(accelerator.device) for name, tensor in batch.items()}
     # Token normalisers (dapo, cispo) divide by the active tokens of the whole batch on every process.
     batch["num_items_in_batch"] = accelerator.gather(batch["completion_mask"].sum()).sum()
-    size = batch["completion_ids"].shape[0]
-    order = torch.randperm(size, device=accelerator.device)
-    micro_batches = []
-    for indices in order.chunk(steps_per_generation):
-        micro_batch = {name: tensor if tensor.dim() == 0 else tensor[indices] for name, tensor in batch.items()}
-        references.add(model, micro_batch)
-        micro_batches.append(micro_batch)
+    micro_batches = split_batch(batch)
+    for micro_batch, policy_moved in zip(micro_batches, moved):
+        references.add(model, micro_batch, policy_moved)
     if "importance_sampling_ratio" in micro_batches[0]:
         metrics |= sampler_mismatch(micro_batches, accelerator)
     return micro_batches, metrics

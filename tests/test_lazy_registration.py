@@ -37,11 +37,16 @@ def registry_of(local_plugin, monkeypatch):
 
 
 def test_the_implementation_is_imported_when_first_built(registry_of):
-    registration = 'register("lazy", "lazy_losses:SequenceDAPO", ClippedConfig, importance_sampling_level="sequence")'
+    registration = (
+        'register("lazy", "lazy_losses:SequenceDAPO", ClippedConfig, importance_sampling_level="sequence", '
+        'accumulation_invariant=True)'
+    )
     registry = registry_of(registration)
     plugin = registry.get("loss", "lazy")
     assert plugin.implementation_path == "lazy_losses:SequenceDAPO" and "lazy_losses" not in sys.modules
-    assert plugin.traits == {"importance_sampling_level": "sequence", "rollout_correction_levels": None}
+    assert plugin.traits == {
+        "importance_sampling_level": "sequence", "rollout_correction_levels": None, "accumulation_invariant": True
+    }
     assert type(registry.build("loss", "lazy", {})).__name__ == "SequenceDAPO"
 
 

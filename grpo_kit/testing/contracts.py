@@ -5,7 +5,6 @@
     class TestMyLoss(LossContract):
         plugin_name = "my_loss"                  # an installed plugin, built with Registry().build(kind, name, config)
         required_metrics = ("my_loss/clip_ratio",)
-        accumulation_invariant = True
 
 The subject is one of:
 
@@ -288,14 +287,13 @@ def _log_weights(log_ratio: torch.Tensor, mask: torch.Tensor, level: str) -> tor
 class LossContract(PluginContract):
     """A loss (grpo_kit/kinds.py: Loss) on random inputs, with the importance weights of both levels.
 
-    `required_metrics`: metric names the loss must report. `accumulation_invariant = True` (here, or as a class
-    attribute of the loss): splitting a batch into equal micro-batches with gradient accumulation must give the
-    gradient of the whole batch.
+    `required_metrics`: metric names the loss must report. A loss that declares `accumulation_invariant = True`
+    must give the gradient of the whole batch however the batch is split into equal micro-batches, in order or
+    grouped by length, with gradient accumulation.
     """
 
     kind = "loss"
     required_metrics: ClassVar[Sequence[str]] = ()
-    accumulation_invariant: ClassVar[bool | None] = None
 
     def evaluate(self, loss, per_token_logps, old_per_token_logps, advantages, mask, level, rollout_ratio=None,
                  accumulation=1, num_items_in_batch=None):
@@ -416,27 +414,29 @@ class LossContract(PluginContract):
 
     @pytest.mark.parametrize("level", [TOKEN, SEQUENCE])
     def test_gradient_is_the_same_whole_or_accumulated(self, plugin, level):
-        declared = getattr(plugin, "accumulation_invariant", None)
-        if not (self.accumulation_invariant or declared):
-            pytest.skip("neither the loss nor its contract class declares accumulation_invariant = True")
+        if not getattr(plugin, "accumulation_invariant", False):
+            pytest.skip("the loss does not declare accumulation_invariant = True")
         logps, mask, advantages = _random_completions(seed=8, lengths=(6, 3, 1, 5, 2, 6))
         old = logps + torch.randn(logps.shape, generator=torch.Generator().manual_seed(9)) * 0.3
         total_tokens = float(mask.sum())  # num_items_in_batch: the whole generation batch
+        in_order = torch.arange(logps.shape[0])
+        by_length = mask.sum(-1).argsort(stable=True)  # as trainer.group_by_length splits a batch
 
-        def accumulated_gradient(chunks: int) -> torch.Tensor:
+        def accumulated_gradient(order: torch.Tensor, chunks: int) -> torch.Tensor:
             leaf = logps.clone().requires_grad_()
-            for rows in torch.arange(logps.shape[0]).chunk(chunks):
+            for rows in order.chunk(chunks):
                 value, _ = self.evaluate(plugin, leaf[rows], old[rows], advantages[rows], mask[rows], level,
                                          accumulation=chunks, num_items_in_batch=total_tokens)
                 value.backward()
             return leaf.grad
 
-        whole = accumulated_gradient(1)
-        for chunks in (2, 3):
-            _assert_close(
-                accumulated_gradient(chunks), whole,
-                what=f"{chunks} micro-batches of equal size give another gradient than the whole batch",
-            )
+        whole = accumulated_gradient(in_order, 1)
+        for order_name, order in (("in order", in_order), ("grouped by length", by_length)):
+            for chunks in (2, 3):
+                _assert_close(
+                    accumulated_gradient(order, chunks), whole,
+                    what=f"{chunks} equal micro-batches ({order_name}) give another gradient than the whole batch",
+                )
 
 
 # ------------------------------------------------------------------------------------- importance sampling ---

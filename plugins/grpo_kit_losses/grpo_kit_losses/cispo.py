@@ -18,6 +18,7 @@ class CISPO:
     importance_sampling_advice = SUMS_TOKENS_ADVICE
     rollout_correction_levels = None
     consumes_rollout_ratio = False
+    accumulation_invariant = True
 
     def __init__(self, config: CISPOConfig):
         self.epsilon_high = config.epsilon_high

@@ -12,14 +12,15 @@ from grpo_kit_losses.configs import CISPOConfig, ClippedConfig, SAPOConfig, VESP
 
 @grpo_kit.hookimpl
 def register_losses(register):
-    register("grpo", "grpo_kit_losses.grpo:GRPO", ClippedConfig)
+    invariant = {"accumulation_invariant": True}  # all but bnpo, which divides by the micro-batch's own tokens
+    register("grpo", "grpo_kit_losses.grpo:GRPO", ClippedConfig, **invariant)
     register("bnpo", "grpo_kit_losses.bnpo:BNPO", ClippedConfig, importance_sampling_level="token")
-    register("dr_grpo", "grpo_kit_losses.dr_grpo:DrGRPO", ClippedConfig, importance_sampling_level="token")
-    register("dapo", "grpo_kit_losses.dapo:DAPO", ClippedConfig, importance_sampling_level="token")
-    register("luspo", "grpo_kit_losses.luspo:LUSPO", ClippedConfig, importance_sampling_level="sequence")
-    register("cispo", "grpo_kit_losses.cispo:CISPO", CISPOConfig, importance_sampling_level="token")
-    register("sapo", "grpo_kit_losses.sapo:SAPO", SAPOConfig)
+    register("dr_grpo", "grpo_kit_losses.dr_grpo:DrGRPO", ClippedConfig, importance_sampling_level="token", **invariant)
+    register("dapo", "grpo_kit_losses.dapo:DAPO", ClippedConfig, importance_sampling_level="token", **invariant)
+    register("luspo", "grpo_kit_losses.luspo:LUSPO", ClippedConfig, importance_sampling_level="sequence", **invariant)
+    register("cispo", "grpo_kit_losses.cispo:CISPO", CISPOConfig, importance_sampling_level="token", **invariant)
+    register("sapo", "grpo_kit_losses.sapo:SAPO", SAPOConfig, **invariant)
     register(
         "vespo", "grpo_kit_losses.vespo:VESPO", VESPOConfig,
-        importance_sampling_level="token", rollout_correction_levels=("token",),
+        importance_sampling_level="token", rollout_correction_levels=("token",), **invariant,
     )

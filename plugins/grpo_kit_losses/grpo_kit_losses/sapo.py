@@ -17,6 +17,7 @@ class SAPO:
     importance_sampling_advice = ""
     rollout_correction_levels = None
     consumes_rollout_ratio = False
+    accumulation_invariant = True
 
     def __init__(self, config: SAPOConfig):
         self.temperature_pos, self.temperature_neg = config.temperature_pos, config.temperature_neg

@@ -23,6 +23,7 @@ class VESPO:
     importance_sampling_advice = "forms its own sequence-level weight from the token log-ratios"
     rollout_correction_levels = ("token",)
     consumes_rollout_ratio = True
+    accumulation_invariant = True
 
     def __init__(self, config: VESPOConfig):
         self.config = config

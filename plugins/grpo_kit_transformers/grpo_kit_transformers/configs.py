@@ -10,7 +10,10 @@ from grpo_kit.errors import ConfigError
 
 @dataclass
 class TransformersGenerationConfig(GenerationConfig):
-    cache_implementation: str | None = None  # e.g. "static"; None: transformers' dynamic KV cache
+    # lean: grpo_kit's own sampling loop (sampling.py), which samples what `generate` samples, for less;
+    # generate: transformers' `model.generate`, with all its options.
+    loop: str = "lean"
+    cache_implementation: str | None = None  # loop=generate only: e.g. "static"; None: the dynamic KV cache
     generation_kwargs: Any = None  # a dict of any other GenerationConfig fields, applied last
     merge_lora: bool = False  # generate from a copy with the LoRA adapters merged into the weights
     # DeepSpeed ZeRO-3 only: gather the whole model for generation (fast); false gathers layer by layer, for a model
@@ -18,6 +21,13 @@ class TransformersGenerationConfig(GenerationConfig):
     ds3_gather_for_generation: bool = True
 
     def __post_init__(self):
+        if self.loop not in ("lean", "generate"):
+            raise ConfigError(f"generation.loop={self.loop!r} must be lean or generate.")
+        if self.cache_implementation is not None and self.loop == "lean":
+            raise ConfigError(
+                f"generation.cache_implementation={self.cache_implementation!r} chooses the KV cache of transformers' "
+                "generate, which the lean loop does not call: add generation.loop=generate."
+            )
         # transformers would refuse these only inside the first generate call, after the model has loaded.
         if not 0 < self.top_p <= 1:
             raise ConfigError(

@@ -1,4 +1,8 @@
-"""transformers: completions from the policy itself with `model.generate` (KV cache), in the training process.
+"""transformers: completions from the policy itself, in the training process.
+
+By default they come from a lean sampling loop (sampling.py) that samples exactly what `model.generate` samples,
+for less time; `generation.loop=generate` calls `model.generate` itself, as do runs whose weights are sharded and
+settings the lean loop does not cover (it says which, once).
 
 Nothing has to be pushed after an optimizer step: the generator samples from the very weights being trained. A
 LoRA policy may instead generate from a merged copy (`generation.merge_lora=true`), whose weights are refreshed
@@ -12,6 +16,7 @@ processes whose completions have all ended keep stepping until every process is 
 
 import contextlib
 import copy
+import logging
 
 import torch
 import transformers
@@ -20,6 +25,9 @@ from accelerate.utils import DistributedType
 from grpo_kit import Completions
 from grpo_kit.lora import has_adapters, merged_copy, refresh_merged_copy
 from grpo_kit_transformers.configs import TransformersGenerationConfig
+from grpo_kit_transformers.sampling import sample, why_not_lean
+
+log = logging.getLogger(__name__)
 
 
 class TransformersGeneration:
@@ -61,20 +69,25 @@ class TransformersGeneration:
         # The logits after temperature, top-k and top-p are the sampling distribution: kept for a rollout correction.
         self.generation_config_with_scores = copy.deepcopy(self.generation_config)
         self.generation_config_with_scores.output_scores = True
+        self.lean = self.config.loop == "lean"
+        if self.lean:
+            reason = "the weights are sharded" if is_sharded(accelerator) else None
+            reason = reason or why_not_lean(accelerator.unwrap_model(model), self.generation_config)
+            if reason is not None:
+                log.warning("generation.loop=lean: model.generate samples instead, because %s.", reason)
+                self.lean = False
 
     @torch.no_grad()
     def generate(self, prompt_ids, with_logprobs=False):
         prompts = self.tokenizer.pad({"input_ids": prompt_ids}, padding_side="left", return_tensors="pt")
         prompts = prompts.to(self.accelerator.device)
         model = self.accelerator.unwrap_model(self.model) if self.merged is None else self.merged
-        config = self.generation_config_with_scores if with_logprobs else self.generation_config
-        kwargs = dict(**prompts, generation_config=config, synced_gpus=self.synced_gpus)
-        with self.whole_weights():
-            if self.accelerator.is_fsdp2 and has_adapters(model):
-                out = inside_root_forward(model, model.generate, **kwargs)
-            else:
-                out = model.generate(**kwargs)
-        completion_ids = out.sequences[:, prompts["input_ids"].shape[1] :]  # (N, T)
+        if self.lean:
+            completion_ids, scores = sample(
+                model, prompts["input_ids"], prompts["attention_mask"], self.generation_config, with_logprobs
+            )
+        else:
+            completion_ids, scores = self._generate(model, prompts, with_logprobs)
 
         is_eos = completion_ids == self.tokenizer.eos_token_id
         has_eos = is_eos.any(dim=1)
@@ -84,10 +97,21 @@ class TransformersGeneration:
         completion_ids = completion_ids.masked_fill(completion_mask == 0, self.tokenizer.pad_token_id)
         sampling_logps = None
         if with_logprobs:
-            scores = torch.stack(out.scores, dim=1).float()  # (N, T, V)
-            sampling_logps = scores.log_softmax(-1).gather(-1, completion_ids.unsqueeze(-1)).squeeze(-1)
+            sampling_logps = scores.float().log_softmax(-1).gather(-1, completion_ids.unsqueeze(-1)).squeeze(-1)
             sampling_logps = sampling_logps.masked_fill(completion_mask == 0, 0.0)
         return Completions(completion_ids, completion_mask, ~has_eos, sampling_per_token_logps=sampling_logps)
+
+    def _generate(self, model, prompts, with_logprobs):
+        """`model.generate`'s completions (N, T), and its processed scores (N, T, V) when asked."""
+        config = self.generation_config_with_scores if with_logprobs else self.generation_config
+        kwargs = dict(**prompts, generation_config=config, synced_gpus=self.synced_gpus)
+        with self.whole_weights():
+            if self.accelerator.is_fsdp2 and has_adapters(model):
+                out = inside_root_forward(model, model.generate, **kwargs)
+            else:
+                out = model.generate(**kwargs)
+        completion_ids = out.sequences[:, prompts["input_ids"].shape[1] :]
+        return completion_ids, torch.stack(out.scores, dim=1) if with_logprobs else None
 
     def whole_weights(self):
         """A context in which `generate` sees the whole weights, as accelerate's FSDP and DeepSpeed leave them."""

@@ -14,7 +14,7 @@ from grpo_kit_example.configs import GPGAdvantageConfig, RegexFormatConfig, Rewa
 
 @grpo_kit.hookimpl
 def register_losses(register):
-    register("gpg", "grpo_kit_example.gpg_loss:GPG")  # no config: the loss has no options
+    register("gpg", "grpo_kit_example.gpg_loss:GPG", accumulation_invariant=True)  # no config: no options
 
 
 @grpo_kit.hookimpl

@@ -1,0 +1,122 @@
+"""The lean sampling loop samples what `model.generate` samples.
+
+Three checks, each able to catch a different mistake:
+- while no row has ended, with the same seed, its tokens and scores are `generate`'s, bit for bit, under every
+  sampling setting (a wrong processor, order or position numbering changes them);
+- once rows end and leave the batch, every score it returns is the processed logits of a fresh forward pass over
+  that row's own prefix (a row mixed up with another, or a cache gone stale, would not be);
+- over many samples, its completion lengths follow `generate`'s distribution (a chi-square test).
+"""
+
+import math
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+
+from grpo_kit_transformers.sampling import logits_processors, prepared, sample, why_not_lean
+
+SETTINGS = [
+    dict(temperature=1.0),
+    dict(temperature=0.7, top_k=5),
+    dict(temperature=1.3, top_p=0.8),
+    dict(temperature=1.0, min_p=0.1),
+    dict(temperature=0.9, repetition_penalty=1.3, top_k=8, top_p=0.95),
+]
+
+
+@pytest.fixture(scope="module")
+def model_and_prompts(tiny_model):
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model).eval()
+    texts = ["1+2=", "34+5=", "7+77=", "9="] * 8  # prompts of different lengths, left-padded
+    prompts = tokenizer.pad({"input_ids": [tokenizer(t).input_ids for t in texts]}, padding_side="left", return_tensors="pt")
+    return model, tokenizer, prompts
+
+
+def config(tokenizer, max_new_tokens, **settings):
+    return GenerationConfig(
+        max_new_tokens=max_new_tokens, do_sample=True, pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id, disable_compile=True, return_dict_in_generate=True,
+        **{"top_k": 0, **settings},
+    )
+
+
+@pytest.mark.parametrize("settings", SETTINGS)
+def test_while_no_row_has_ended_it_samples_the_tokens_generate_samples(model_and_prompts, settings):
+    model, tokenizer, prompts = model_and_prompts
+    generation_config = config(tokenizer, 12, suppress_tokens=[tokenizer.eos_token_id], **settings)
+    torch.manual_seed(3)
+    out = model.generate(**prompts, generation_config=generation_config, output_scores=True)
+    torch.manual_seed(3)
+    ids, scores = sample(model, prompts["input_ids"], prompts["attention_mask"], generation_config, with_scores=True)
+    assert torch.equal(ids, out.sequences[:, prompts["input_ids"].shape[1] :])
+    assert torch.equal(scores, torch.stack(out.scores, dim=1))
+
+
+@pytest.mark.parametrize("settings", SETTINGS)
+def test_rows_that_leave_the_batch_leave_the_others_scores_exact(model_and_prompts, settings):
+    model, tokenizer, prompts = model_and_prompts
+    generation_config = config(tokenizer, 16, **settings)
+    torch.manual_seed(5)
+    ids, scores = sample(model, prompts["input_ids"], prompts["attention_mask"], generation_config, with_scores=True)
+    is_eos = ids == tokenizer.eos_token_id
+    ended_at = torch.where(is_eos.any(1), is_eos.int().argmax(1), ids.shape[1])  # (B,)
+    assert (ended_at < ids.shape[1] - 1).sum() >= 4, "too few rows ended early for the test to mean anything"
+
+    processors = logits_processors(model, prepared(model, generation_config, "cpu"), prompts["input_ids"].shape[1])
+    sequences = torch.cat([prompts["input_ids"], ids], dim=1)
+    mask = torch.cat([prompts["attention_mask"], torch.ones_like(ids)], dim=1)
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    with torch.no_grad():
+        logits = model(input_ids=sequences, attention_mask=mask, position_ids=positions).logits.float()
+    prompt_length = prompts["input_ids"].shape[1]
+    for t in range(ids.shape[1]):
+        expected = processors(sequences[:, : prompt_length + t], logits[:, prompt_length + t - 1].clone())
+        sampled = ended_at >= t  # rows that had not ended before position t
+        torch.testing.assert_close(scores[sampled, t], expected[sampled], atol=1e-4, rtol=1e-4)
+
+
+def test_completion_lengths_follow_generates_distribution(model_and_prompts):
+    model, tokenizer, prompts = model_and_prompts
+    generation_config = config(tokenizer, 6, temperature=2.0)
+    batch = {name: tensor.repeat(16, 1) for name, tensor in prompts.items()}  # 512 rows
+
+    def lengths(draw):
+        counts = torch.zeros(7)
+        for seed in range(8):
+            torch.manual_seed(seed)
+            ids = draw()
+            is_eos = ids == tokenizer.eos_token_id
+            length = torch.where(is_eos.any(1), is_eos.int().argmax(1) + 1, 7)  # 7: no EOS within 6 tokens
+            counts += torch.bincount(length, minlength=8)[1:].float()
+        return counts
+
+    with torch.no_grad():
+        lean = lengths(lambda: sample(model, batch["input_ids"], batch["attention_mask"], generation_config)[0])
+        reference = lengths(lambda: model.generate(**batch, generation_config=generation_config).sequences[:, -6:])
+    assert 0.05 < lean[:6].sum() / lean.sum() < 0.95, "the lengths must vary for the test to mean anything"
+    statistic, degrees = two_sample_chi_square(lean, reference)
+    assert statistic < chi_square_quantile(0.999, degrees), (lean, reference)
+
+
+def two_sample_chi_square(a: torch.Tensor, b: torch.Tensor) -> tuple[float, int]:
+    """Pearson's statistic for "a and b are counts drawn from one distribution", over the categories either saw."""
+    seen = (a + b) > 0
+    a, b = a[seen], b[seen]
+    total = a + b
+    expected_a, expected_b = total * a.sum() / total.sum(), total * b.sum() / total.sum()
+    statistic = ((a - expected_a) ** 2 / expected_a + (b - expected_b) ** 2 / expected_b).sum().item()
+    return statistic, int(seen.sum()) - 1
+
+
+def chi_square_quantile(p: float, degrees: int) -> float:
+    """Wilson and Hilferty's approximation of the chi-square quantile (good to a few percent for 3+ degrees)."""
+    z = math.sqrt(2) * torch.erfinv(torch.tensor(2 * p - 1)).item()
+    return degrees * (1 - 2 / (9 * degrees) + z * math.sqrt(2 / (9 * degrees))) ** 3
+
+
+def test_the_lean_loop_declines_what_it_does_not_cover(model_and_prompts):
+    model, tokenizer, _ = model_and_prompts
+    assert why_not_lean(model, config(tokenizer, 4)) is None
+    assert "stop_strings" in why_not_lean(model, config(tokenizer, 4, stop_strings=["="]))

@@ -1,0 +1,158 @@
+"""Micro-batches grouped by length and cut to their own longest completion, and old log-probs taken from the first
+training pass: less work, and a step's gradient within float rounding of what it was."""
+
+import json
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+import grpo_kit
+from grpo_kit.batching import group_by_length, moves_before_use, split
+from grpo_kit.errors import ConfigError
+from grpo_kit.policy_loss import build_policy_loss
+from grpo_kit.testing import tiny_run
+from grpo_kit.trainer import Optimization
+
+TOLERANCE = 1e-5  # relative, on each parameter's gradient: the split changes only the order of float sums
+
+
+def generation_batch(vocab_size: int, size: int = 16, prompt_length: int = 3, length: int = 12, seed: int = 0):
+    """A generation batch as the rollout hands it over: completion lengths from 1 to `length`, some truncated."""
+    generator = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(1, length + 1, (size,), generator=generator)
+    lengths[0] = length
+    completion_mask = (torch.arange(length) < lengths.unsqueeze(1)).long()
+    completion_ids = torch.randint(2, vocab_size, (size, length), generator=generator) * completion_mask
+    prompt_mask = torch.ones(size, prompt_length, dtype=torch.long)
+    prompt_mask[1::3, 0] = 0  # left padding
+    return {
+        "prompt_ids": torch.randint(2, vocab_size, (size, prompt_length), generator=generator) * prompt_mask,
+        "prompt_mask": prompt_mask,
+        "completion_ids": completion_ids,
+        "completion_mask": completion_mask,
+        "advantages": torch.randn(size, generator=generator),
+        "num_items_in_batch": completion_mask.sum(),
+    }
+
+
+def test_a_step_keeps_its_completions_and_each_micro_batch_is_cut_to_its_longest():
+    batch = generation_batch(vocab_size=20, size=24)
+    torch.manual_seed(0)
+    plain = split(batch, steps_per_generation=6, accumulation=3, by_length=False)
+    torch.manual_seed(0)
+    grouped = split(batch, steps_per_generation=6, accumulation=3, by_length=True)
+
+    def rows(micro_batches):  # each micro-batch's rows, as the advantages identify them
+        return [set(mb["advantages"].tolist()) for mb in micro_batches]
+
+    for step in range(2):  # the same completions in each optimizer step's 3 micro-batches
+        assert set().union(*rows(plain)[step * 3 : step * 3 + 3]) == set().union(*rows(grouped)[step * 3 : step * 3 + 3])
+    for micro_batch in grouped[:3]:  # sorted by length within the step
+        lengths = micro_batch["completion_mask"].sum(1)
+        assert micro_batch["completion_ids"].shape[1] == lengths.max() == micro_batch["completion_mask"].shape[1]
+    step_lengths = [mb["completion_mask"].sum(1) for mb in grouped[:3]]
+    assert step_lengths[0].max() <= step_lengths[1].min() and step_lengths[1].max() <= step_lengths[2].min()
+    for micro_batch in plain:  # cut to its own longest even when not grouped; prompts keep the batch's padding
+        assert micro_batch["completion_mask"][:, -1].any() and micro_batch["prompt_ids"].shape[1] == 3
+
+
+def step_gradient(policy_loss, model, micro_batches, accumulation):
+    model.zero_grad(set_to_none=True)
+    for micro_batch in micro_batches:
+        out = policy_loss(model, micro_batch, gradient_accumulation_steps=accumulation, steps_per_generation=accumulation,
+                          num_processes=1)
+        out.loss.backward()
+    return {name: parameter.grad.clone() for name, parameter in model.named_parameters()}
+
+
+@pytest.mark.parametrize("loss", ["grpo", "dr_grpo", "dapo", "cispo", "luspo", "sapo", "vespo"])
+def test_grouping_by_length_keeps_the_gradient_of_the_step(registry, tiny_model, loss):
+    cfg = grpo_kit.compose(tiny_run(tiny_model, f"+loss={loss}", "algorithm.beta=0.0"), registry)
+    objective = grpo_kit.build_objective(cfg, registry)
+    assert group_by_length(cfg, objective.loss, steps_per_generation=4)
+    policy_loss = build_policy_loss(cfg, objective)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model)
+    batch = generation_batch(model.config.vocab_size, size=16)
+    torch.manual_seed(0)
+    plain = step_gradient(policy_loss, model, split(batch, 4, 4, by_length=False), accumulation=4)
+    torch.manual_seed(0)
+    grouped_batches = split(batch, 4, 4, by_length=True)
+    widths = [mb["completion_ids"].shape[1] for mb in grouped_batches]
+    assert sum(widths) < 4 * 12, "grouping saved no padding: the test would not mean anything"
+    grouped = step_gradient(policy_loss, model, grouped_batches, accumulation=4)
+    for name, gradient in plain.items():
+        scale = gradient.abs().max().clamp(min=1e-8)
+        difference = (grouped[name] - gradient).abs().max() / scale
+        assert difference <= TOLERANCE, f"{name}: the grouped step's gradient differs by {difference:.2e} (relative)"
+
+
+@pytest.mark.parametrize(
+    ("overrides", "reason"),
+    [
+        (["+loss=bnpo"], "does not declare accumulation_invariant"),
+        (["algorithm.top_entropy_quantile=0.2"], "quantile of each micro-batch"),
+        (["algorithm.entropy_coef=0.01"], "mean entropy"),
+        (["algorithm.steps_per_generation=3", "trainer.gradient_accumulation_steps=2"], "not a whole number of steps"),
+    ],
+)
+def test_grouping_is_off_where_it_would_change_the_gradient_and_refused_if_asked(registry, overrides, reason):
+    cfg = grpo_kit.compose(["+reward=accuracy", *overrides], registry)
+    objective = grpo_kit.build_objective(cfg, registry)
+    steps = cfg.algorithm.steps_per_generation or cfg.trainer.gradient_accumulation_steps
+    assert not group_by_length(cfg, objective.loss, steps)
+    cfg.trainer.group_by_length = True
+    with pytest.raises(ConfigError, match=reason):
+        group_by_length(cfg, objective.loss, steps)
+    cfg.trainer.group_by_length = False
+    assert not group_by_length(cfg, objective.loss, steps)
+
+
+def test_which_micro_batches_are_trained_on_after_the_policy_moved():
+    assert moves_before_use(0, steps_per_generation=4, accumulation=4) == [False] * 4  # one step per batch
+    assert moves_before_use(0, steps_per_generation=4, accumulation=2) == [False, False, True, True]
+    assert moves_before_use(4, steps_per_generation=2, accumulation=4) == [False, False]  # two batches per step
+    assert moves_before_use(6, steps_per_generation=3, accumulation=2) == [False, False, True]
+
+
+def test_the_first_pass_gives_the_old_log_probs_a_separate_forward_would(registry, tiny_model):
+    cfg = grpo_kit.compose(tiny_run(tiny_model, "+loss=dapo"), registry)
+    policy_loss = build_policy_loss(cfg, grpo_kit.build_objective(cfg, registry))
+    model = AutoModelForCausalLM.from_pretrained(tiny_model)
+    micro_batch = split(generation_batch(model.config.vocab_size, size=8), 1, 1, by_length=True)[0]
+    model.eval()
+    with torch.no_grad():
+        separate, _ = policy_loss.logps(model, micro_batch)
+    model.train()
+    out = policy_loss(model, micro_batch, gradient_accumulation_steps=1, steps_per_generation=1, num_processes=1)
+    assert not out.per_token_logps.requires_grad
+    torch.testing.assert_close(out.per_token_logps, separate, atol=1e-6, rtol=0)
+
+
+def test_a_run_with_two_iterations_trains_again_on_the_log_probs_of_its_first_pass(
+    registry, tiny_model, tmp_path, monkeypatch
+):
+    """Each micro-batch is trained on twice (num_iterations=2, one step per generation batch): the second time,
+    its old log-probs are what the policy that generated it gives, which a separate pass recomputes here."""
+    seen = {}  # the micro-batch (its completions) -> its log-probs under the generating policy
+    checked = []
+    original = Optimization.train_on
+
+    def train_on(self, micro_batch, finite, ends_step):
+        key = str(micro_batch["completion_ids"].tolist())
+        if key not in seen:
+            assert "old_per_token_logps" not in micro_batch  # the first pass computes them
+            with torch.no_grad():
+                seen[key], _ = self.policy_loss.logps(self.model, micro_batch)
+        else:
+            torch.testing.assert_close(micro_batch["old_per_token_logps"], seen[key], atol=1e-6, rtol=0)
+            checked.append(key)
+        return original(self, micro_batch, finite, ends_step)
+
+    monkeypatch.setattr(Optimization, "train_on", train_on)
+    overrides = tiny_run(
+        tiny_model, "+reward=accuracy", "algorithm.num_iterations=2", "trainer.gradient_accumulation_steps=2",
+        "trainer.max_steps=4", "trainer.save_model=false",
+    )
+    grpo_kit.train(grpo_kit.compose(overrides, registry), tmp_path, registry)
+    assert len(checked) == 4  # 2 generation batches x 2 micro-batches, each trained on a second time
