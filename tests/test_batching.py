@@ -1,7 +1,6 @@
 """Micro-batches grouped by length and cut to their own longest completion, and old log-probs taken from the first
 training pass: less work, and a step's gradient within float rounding of what it was."""
 
-import json
 
 import pytest
 import torch
