@@ -6,6 +6,7 @@ import logging
 from pathlib import Path
 
 import torch
+from torch import nn
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from grpo_kit import embedded
@@ -98,6 +99,10 @@ def per_token_logps_and_entropies(
         head = OutputHead(model)
         hidden = last_hidden_states(model, batch, head)
         return chunked_logps_and_entropies(hidden, head, batch["completion_ids"], temperature, entropy_grad, chunk_size)
+    return in_length_groups(lambda part: _logps_and_entropies_of_logits(model, part, temperature, entropy_grad), batch)
+
+
+def _logps_and_entropies_of_logits(model, batch, temperature: float, entropy_grad: bool):  # (B, T), (B, T)
     completion_ids = batch["completion_ids"]
     input_ids = torch.cat([batch["prompt_ids"], completion_ids], dim=1)  # (B, P + T)
     attention_mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)
@@ -150,13 +155,17 @@ class OutputHead:
 
 
 def last_hidden_states(model, batch: dict[str, torch.Tensor], head: OutputHead) -> torch.Tensor:  # (B, T, H)
-    """The final hidden states at the T positions that predict the completion tokens, from a forward pass that
-    computes the logits of the last position only.
+    """The final hidden states at the T positions that predict the completion tokens, from forward passes that
+    compute the logits of the last position only.
 
     The model itself is called (not its inner decoder), so DDP's hooks, PEFT's adapters and the adapter-free
     reference work as in the plain path. Its last-position logits check that `head` reproduces the model's
     logits from these hidden states; a model that post-processes them otherwise is refused, not silently wrong.
     """
+    return in_length_groups(lambda part: _last_hidden_states(model, part, head), batch)
+
+
+def _last_hidden_states(model, batch: dict[str, torch.Tensor], head: OutputHead) -> torch.Tensor:
     completion_ids = batch["completion_ids"]
     input_ids = torch.cat([batch["prompt_ids"], completion_ids], dim=1)  # (B, P + T)
     attention_mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)
@@ -178,6 +187,56 @@ def last_hidden_states(model, batch: dict[str, torch.Tensor], head: OutputHead) 
                 "and Liger paths do not know. Use model.logits=full for this model."
             )
     return hidden[:, -(completion_ids.shape[1] + 1) : -1]  # position t predicts completion token t
+
+
+MIN_SAVING = 0.2  # two forward passes instead of one where they cover at least this share fewer positions
+
+
+def length_groups(completion_mask: torch.Tensor, prompt_length: int) -> list[torch.Tensor]:
+    """The rows of a micro-batch as one group, or as two by completion length (the shorter half, the longer half)
+    where two forward passes, each as long as its own longest completion, cover MIN_SAVING fewer positions."""
+    lengths = completion_mask.sum(dim=1).clamp(min=1)  # (B,)
+    rows = torch.arange(len(lengths), device=lengths.device)
+    if len(lengths) < 2:
+        return [rows]
+    short, long = lengths.argsort(stable=True).chunk(2)
+    whole = len(lengths) * (prompt_length + int(lengths.max()))
+    split = sum(len(half) * (prompt_length + int(lengths[half].max())) for half in (short, long))
+    return [short, long] if split <= (1 - MIN_SAVING) * whole else [rows]
+
+
+def in_length_groups(forward, batch: dict[str, torch.Tensor]):
+    """`forward(batch)`, whose tensors are (B, T, ...) over the completion positions, computed for each length group
+    on its own rows and as many completion positions as its longest completion; zeros where a group stops short.
+
+    Each row's values are what one pass over the whole micro-batch gives, up to float rounding: causal attention
+    never lets a position see the padding after it, and prompts keep their columns, so their positions.
+    """
+    completion_ids = batch["completion_ids"]
+    groups = length_groups(batch["completion_mask"], batch["prompt_ids"].shape[1])
+    if len(groups) == 1:
+        return forward(batch)
+    length = completion_ids.shape[1]
+    outputs = []
+    for rows in groups:
+        width = max(int(batch["completion_mask"][rows].sum(dim=1).max()), 1)
+        outputs.append(forward({
+            "prompt_ids": batch["prompt_ids"][rows],
+            "prompt_mask": batch["prompt_mask"][rows],
+            "completion_ids": completion_ids[rows, :width],
+            "completion_mask": batch["completion_mask"][rows, :width],
+        }))
+    order = torch.cat(groups)
+    inverse = torch.empty_like(order)
+    inverse[order] = torch.arange(len(order), device=order.device)
+
+    def assembled(parts):  # (B_g, width_g, ...) each -> (B, T, ...) in the micro-batch's row order
+        padded = [nn.functional.pad(part, [0, 0] * (part.dim() - 2) + [0, length - part.shape[1]]) for part in parts]
+        return torch.cat(padded)[inverse]
+
+    if isinstance(outputs[0], tuple):
+        return tuple(assembled(parts) for parts in zip(*outputs))
+    return assembled(outputs)
 
 
 def chunked_logps_and_entropies(

@@ -1,5 +1,6 @@
-"""Micro-batches grouped by length and cut to their own longest completion, and old log-probs taken from the first
-training pass: less work, and a step's gradient within float rounding of what it was."""
+"""Less padding and fewer passes, the same gradient up to float rounding: micro-batches grouped by length and cut
+to their own longest completion, a micro-batch of mixed lengths run as two forward passes, old log-probs taken
+from the first training pass."""
 
 
 import pytest
@@ -9,6 +10,7 @@ from transformers import AutoModelForCausalLM
 import grpo_kit
 from grpo_kit.batching import group_by_length, moves_before_use, split
 from grpo_kit.errors import ConfigError
+from grpo_kit.modeling import _logps_and_entropies_of_logits, length_groups, per_token_logps_and_entropies
 from grpo_kit.policy_loss import build_policy_loss
 from grpo_kit.testing import tiny_run
 from grpo_kit.trainer import Optimization
@@ -155,3 +157,29 @@ def test_a_run_with_two_iterations_trains_again_on_the_log_probs_of_its_first_pa
     )
     grpo_kit.train(grpo_kit.compose(overrides, registry), tmp_path, registry)
     assert len(checked) == 4  # 2 generation batches x 2 micro-batches, each trained on a second time
+
+
+def test_a_micro_batch_of_mixed_lengths_runs_as_two_forward_passes_with_the_same_values(tiny_model):
+    model = AutoModelForCausalLM.from_pretrained(tiny_model)
+    batch = generation_batch(model.config.vocab_size, size=8, length=12)
+    batch["completion_mask"][1::2, 3:] = 0  # four short completions between four up to 12 tokens long
+    groups = length_groups(batch["completion_mask"], prompt_length=3)
+    assert len(groups) == 2 and set(groups[0].tolist()) == {1, 3, 5, 7}
+
+    def values_and_gradients(forward):
+        model.zero_grad(set_to_none=True)
+        logps, entropies = forward(batch)
+        (logps * batch["completion_mask"]).sum().backward()
+        return logps * batch["completion_mask"], entropies * batch["completion_mask"], [p.grad.clone() for p in model.parameters()]
+
+    grouped = values_and_gradients(lambda b: per_token_logps_and_entropies(model, b, temperature=0.9))
+    whole = values_and_gradients(lambda b: _logps_and_entropies_of_logits(model, b, 0.9, entropy_grad=False))
+    torch.testing.assert_close(grouped[0], whole[0], atol=1e-5, rtol=0)
+    torch.testing.assert_close(grouped[1], whole[1], atol=1e-5, rtol=0)
+    for grouped_gradient, whole_gradient in zip(grouped[2], whole[2]):
+        torch.testing.assert_close(grouped_gradient, whole_gradient, atol=1e-5, rtol=1e-5)
+
+
+def test_similar_lengths_stay_one_forward_pass():
+    mask = (torch.arange(12) < torch.tensor([12, 11, 10, 12, 9, 12, 11, 10]).unsqueeze(1)).long()
+    assert len(length_groups(mask, prompt_length=3)) == 1
