@@ -66,9 +66,11 @@ class Rollout:
         num_generations = num_generations or self.num_generations
         rows = [row for row in rows for _ in range(num_generations)]  # each group's members are adjacent
         prompts = [row["prompt"] for row in rows]
-        prompt_ids = [self.tokenizer(prompt_text(self.tokenizer, p), add_special_tokens=False).input_ids for p in prompts]
+        prompt_texts = [prompt_text(self.tokenizer, prompt) for prompt in prompts]
+        prompt_ids = self.tokenizer(prompt_texts, add_special_tokens=False).input_ids  # one call for the batch
         generated = self.generation.generate(prompt_ids, with_logprobs=self.with_logprobs)
-        completion_ids = [ids[mask.bool()].tolist() for ids, mask in zip(generated.completion_ids, generated.completion_mask)]
+        lengths = generated.completion_mask.sum(dim=1).tolist()  # the mask is a prefix of each row
+        completion_ids = [ids[:length] for ids, length in zip(generated.completion_ids.tolist(), lengths)]
         texts = self.tokenizer.batch_decode(completion_ids, skip_special_tokens=True)
         completions = [
             [{"role": "assistant", "content": text}] if is_conversational(prompt) else text

@@ -47,6 +47,7 @@ from grpo_kit.errors import ConfigError, GenerationUnavailable
 from grpo_kit.evaluation import Evaluator, load_eval_prompts
 from grpo_kit.lock import write_or_compare
 from grpo_kit.loggers import ConsoleLogger, JsonlLogger
+from grpo_kit.memory import release_freed_memory
 from grpo_kit.modeling import load_model
 from grpo_kit.objective import Objective, ObjectiveOutput, build_objective
 from grpo_kit.pipeline import Run
@@ -265,6 +266,7 @@ def train(cfg: DictConfig, run_dir: str | Path, registry: Registry | None = None
             except GenerationUnavailable as error:  # the step itself is whole: save it and stop
                 raise saved_and_stopped(error, state, run_dir, t.save_total_limit) from error
 
+            release_freed_memory()
             bad_steps = 0 if finite else bad_steps + 1
             if not finite:
                 log.warning("Step %d had a non-finite loss: skipping the step (%d in a row)", step, bad_steps)
