@@ -433,33 +433,17 @@ def grpo_kit_profile_child() -> None:
 
 def build_model(directory: Path) -> None:
     """The untrained Qwen2 every run starts from, with the embedded character tokenizer."""
-    import torch
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
     from grpo_kit.embedded import build_tokenizer
+    from grpo_kit.testing import build_tiny_model
 
     tokenizer = build_tokenizer()
     if tokenizer.convert_tokens_to_ids(tokenizer.eos_token) != 1:
         raise SystemExit("The character tokenizer's EOS is no longer token 1: update Workload.generation_kwargs.")
-    torch.manual_seed(MODEL_SEED)
-    config = Qwen2Config(
-        vocab_size=len(tokenizer),
-        hidden_size=128,
-        intermediate_size=256,
-        num_hidden_layers=4,
-        num_attention_heads=4,
+    build_tiny_model(
+        directory, seed=MODEL_SEED, hidden_size=128, intermediate_size=256, num_hidden_layers=4, num_attention_heads=4,
         num_key_value_heads=2,
         max_position_embeddings=1024,  # prompt (4 tokens) + 512 completion tokens fit
-        tie_word_embeddings=True,
-        pad_token_id=tokenizer.pad_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        bos_token_id=None,
     )
-    model = Qwen2ForCausalLM(config)
-    model.generation_config.pad_token_id = tokenizer.pad_token_id
-    model.generation_config.eos_token_id = tokenizer.eos_token_id
-    model.save_pretrained(directory)
-    tokenizer.save_pretrained(directory)
 
 
 def write_prompts(path: Path) -> None:
