@@ -83,11 +83,11 @@ class TransformersGeneration:
         prompts = prompts.to(self.accelerator.device)
         model = self.accelerator.unwrap_model(self.model) if self.merged is None else self.merged
         if self.lean:
-            completion_ids, scores = sample(
+            completion_ids, sampling_logps = sample(
                 model, prompts["input_ids"], prompts["attention_mask"], self.generation_config, with_logprobs
             )
         else:
-            completion_ids, scores = self._generate(model, prompts, with_logprobs)
+            completion_ids, sampling_logps = self._generate(model, prompts, with_logprobs)
 
         is_eos = completion_ids == self.tokenizer.eos_token_id
         has_eos = is_eos.any(dim=1)
@@ -95,14 +95,13 @@ class TransformersGeneration:
         positions = torch.arange(completion_ids.shape[1], device=completion_ids.device)
         completion_mask = (positions.unsqueeze(0) <= first_eos.unsqueeze(1)).int()  # (N, T), EOS included
         completion_ids = completion_ids.masked_fill(completion_mask == 0, self.tokenizer.pad_token_id)
-        sampling_logps = None
-        if with_logprobs:
-            sampling_logps = scores.float().log_softmax(-1).gather(-1, completion_ids.unsqueeze(-1)).squeeze(-1)
+        if sampling_logps is not None:
             sampling_logps = sampling_logps.masked_fill(completion_mask == 0, 0.0)
         return Completions(completion_ids, completion_mask, ~has_eos, sampling_per_token_logps=sampling_logps)
 
     def _generate(self, model, prompts, with_logprobs):
-        """`model.generate`'s completions (N, T), and its processed scores (N, T, V) when asked."""
+        """`model.generate`'s completions (N, T), and when asked their tokens' log-probs under the processed
+        distribution each was drawn from (N, T)."""
         config = self.generation_config_with_scores if with_logprobs else self.generation_config
         kwargs = dict(**prompts, generation_config=config, synced_gpus=self.synced_gpus)
         with self.whole_weights():
@@ -110,8 +109,11 @@ class TransformersGeneration:
                 out = inside_root_forward(model, model.generate, **kwargs)
             else:
                 out = model.generate(**kwargs)
-        completion_ids = out.sequences[:, prompts["input_ids"].shape[1] :]
-        return completion_ids, torch.stack(out.scores, dim=1) if with_logprobs else None
+        completion_ids = out.sequences[:, prompts["input_ids"].shape[1] :]  # (N, T)
+        if not with_logprobs:
+            return completion_ids, None
+        scores = torch.stack(out.scores, dim=1).float()  # (N, T, V)
+        return completion_ids, scores.log_softmax(-1).gather(-1, completion_ids.unsqueeze(-1)).squeeze(-1)
 
     def whole_weights(self):
         """A context in which `generate` sees the whole weights, as accelerate's FSDP and DeepSpeed leave them."""

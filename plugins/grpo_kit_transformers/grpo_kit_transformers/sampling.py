@@ -93,9 +93,9 @@ def logits_processors(model, generation_config: GenerationConfig, prompt_length:
 
 
 @torch.no_grad()
-def sample(model, prompt_ids, attention_mask, generation_config: GenerationConfig, with_scores: bool = False):
-    """Completions of left-padded prompts (B, P): ids (B, T), and when asked, the processed scores of every
-    sampled position (B, T, V). What follows a row's first EOS is undefined, for the caller to mask."""
+def sample(model, prompt_ids, attention_mask, generation_config: GenerationConfig, with_logprobs: bool = False):
+    """Completions of left-padded prompts (B, P): ids (B, T), and when asked, each sampled token's log-prob under
+    the distribution it was drawn from (B, T). What follows a row's first EOS is undefined, for the caller to mask."""
     batch, prompt_length = prompt_ids.shape
     generation_config = prepared(model, generation_config, prompt_ids.device)
     max_new_tokens = generation_config.max_new_tokens
@@ -108,9 +108,7 @@ def sample(model, prompt_ids, attention_mask, generation_config: GenerationConfi
     position_ids = (attention_mask.long().cumsum(-1) - 1).masked_fill(attention_mask == 0, 1)  # (B, P)
 
     completion_ids = torch.full((batch, max_new_tokens), generation_config.pad_token_id, device=prompt_ids.device)
-    scores = None
-    if with_scores:
-        scores = torch.zeros(batch, max_new_tokens, model.config.get_text_config(decoder=True).vocab_size)
+    logps = torch.zeros(batch, max_new_tokens, device=prompt_ids.device) if with_logprobs else None
     rows = torch.arange(batch, device=prompt_ids.device)  # (A,) the batch rows still in the loop
     unfinished = torch.ones(batch, dtype=torch.bool, device=prompt_ids.device)  # (A,) no EOS yet
     input_ids, inputs = prompt_ids, prompt_ids  # input_ids (A, P + t): what the processors read
@@ -123,8 +121,8 @@ def sample(model, prompt_ids, attention_mask, generation_config: GenerationConfi
         next_scores = processors(input_ids, logits)  # (A, V)
         next_tokens = torch.multinomial(next_scores.softmax(dim=-1), num_samples=1)  # (A, 1)
         completion_ids[rows, t] = next_tokens.squeeze(1)
-        if scores is not None:
-            scores[rows, t] = next_scores.to(scores.device)
+        if logps is not None:
+            logps[rows, t] = next_scores.log_softmax(dim=-1).gather(-1, next_tokens).squeeze(1)
         unfinished &= ~torch.isin(next_tokens.squeeze(1), eos)
         if not unfinished.any():
             break
@@ -137,4 +135,4 @@ def sample(model, prompt_ids, attention_mask, generation_config: GenerationConfi
             cache.batch_select_indices(keep)
         last_position = last_position + 1
         inputs, position_ids = next_tokens, last_position
-    return completion_ids[:, : t + 1], scores if scores is None else scores[:, : t + 1]
+    return completion_ids[:, : t + 1], None if logps is None else logps[:, : t + 1]

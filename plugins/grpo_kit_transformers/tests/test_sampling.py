@@ -1,10 +1,10 @@
 """The lean sampling loop samples what `model.generate` samples.
 
 Three checks, each able to catch a different mistake:
-- while no row has ended, with the same seed, its tokens and scores are `generate`'s, bit for bit, under every
-  sampling setting (a wrong processor, order or position numbering changes them);
-- once rows end and leave the batch, every score it returns is the processed logits of a fresh forward pass over
-  that row's own prefix (a row mixed up with another, or a cache gone stale, would not be);
+- while no row has ended, with the same seed, its tokens and their log-probs are `generate`'s, bit for bit, under
+  every sampling setting (a wrong processor, order or position numbering changes them);
+- once rows end and leave the batch, every log-prob it returns is the one a fresh forward pass over that row's own
+  prefix gives, after the same processors (a row mixed up with another, or a cache gone stale, would not be);
 - over many samples, its completion lengths follow `generate`'s distribution (a chi-square test).
 """
 
@@ -49,17 +49,18 @@ def test_while_no_row_has_ended_it_samples_the_tokens_generate_samples(model_and
     torch.manual_seed(3)
     out = model.generate(**prompts, generation_config=generation_config, output_scores=True)
     torch.manual_seed(3)
-    ids, scores = sample(model, prompts["input_ids"], prompts["attention_mask"], generation_config, with_scores=True)
+    ids, logps = sample(model, prompts["input_ids"], prompts["attention_mask"], generation_config, with_logprobs=True)
     assert torch.equal(ids, out.sequences[:, prompts["input_ids"].shape[1] :])
-    assert torch.equal(scores, torch.stack(out.scores, dim=1))
+    expected = torch.stack(out.scores, dim=1).log_softmax(-1).gather(-1, ids.unsqueeze(-1)).squeeze(-1)
+    assert torch.equal(logps, expected)
 
 
 @pytest.mark.parametrize("settings", SETTINGS)
-def test_rows_that_leave_the_batch_leave_the_others_scores_exact(model_and_prompts, settings):
+def test_rows_that_leave_the_batch_leave_the_others_log_probs_exact(model_and_prompts, settings):
     model, tokenizer, prompts = model_and_prompts
     generation_config = config(tokenizer, 16, **settings)
     torch.manual_seed(5)
-    ids, scores = sample(model, prompts["input_ids"], prompts["attention_mask"], generation_config, with_scores=True)
+    ids, logps = sample(model, prompts["input_ids"], prompts["attention_mask"], generation_config, with_logprobs=True)
     is_eos = ids == tokenizer.eos_token_id
     ended_at = torch.where(is_eos.any(1), is_eos.int().argmax(1), ids.shape[1])  # (B,)
     assert (ended_at < ids.shape[1] - 1).sum() >= 4, "too few rows ended early for the test to mean anything"
@@ -72,9 +73,10 @@ def test_rows_that_leave_the_batch_leave_the_others_scores_exact(model_and_promp
         logits = model(input_ids=sequences, attention_mask=mask, position_ids=positions).logits.float()
     prompt_length = prompts["input_ids"].shape[1]
     for t in range(ids.shape[1]):
-        expected = processors(sequences[:, : prompt_length + t], logits[:, prompt_length + t - 1].clone())
+        scores = processors(sequences[:, : prompt_length + t], logits[:, prompt_length + t - 1].clone())
+        expected = scores.log_softmax(-1).gather(-1, ids[:, t : t + 1]).squeeze(1)
         sampled = ended_at >= t  # rows that had not ended before position t
-        torch.testing.assert_close(scores[sampled, t], expected[sampled], atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(logps[sampled, t], expected[sampled], atol=1e-4, rtol=1e-4)
 
 
 def test_completion_lengths_follow_generates_distribution(model_and_prompts):
