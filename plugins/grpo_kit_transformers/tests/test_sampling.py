@@ -122,3 +122,28 @@ def test_the_lean_loop_declines_what_it_does_not_cover(model_and_prompts):
     model, tokenizer, _ = model_and_prompts
     assert why_not_lean(model, config(tokenizer, 4)) is None
     assert "stop_strings" in why_not_lean(model, config(tokenizer, 4, stop_strings=["="]))
+
+
+def test_a_model_with_sliding_window_layers_falls_back_to_generate(tmp_path, caplog):
+    from accelerate import Accelerator
+
+    from grpo_kit.testing import build_tiny_model
+    from grpo_kit_transformers.generation import TransformersGeneration, TransformersGenerationConfig
+
+    directory = build_tiny_model(tmp_path, use_sliding_window=True, sliding_window=4, max_window_layers=1)
+    model = AutoModelForCausalLM.from_pretrained(directory)
+    generation = TransformersGeneration(TransformersGenerationConfig(max_completion_length=4))
+    generation.start(model, AutoTokenizer.from_pretrained(directory), Accelerator(cpu=True))
+    assert not generation.lean
+    assert "model.generate samples instead, because the model is not a decoder with full attention" in caplog.text
+
+
+def test_a_cache_for_generate_is_refused_with_the_lean_loop():
+    from grpo_kit.errors import ConfigError
+    from grpo_kit_transformers.configs import TransformersGenerationConfig
+
+    with pytest.raises(ConfigError, match="add generation.loop=generate"):
+        TransformersGenerationConfig(cache_implementation="static")
+    assert TransformersGenerationConfig(loop="generate", cache_implementation="static").loop == "generate"
+    with pytest.raises(ConfigError, match="must be lean or generate"):
+        TransformersGenerationConfig(loop="fast")
