@@ -70,12 +70,15 @@ ZERO3_SPLITTING_EVERYTHING = {
 }
 
 # beta > 0 with a moving reference, accumulation over two micro-batches, and clipping that bites
+# FSDP2 and ZeRO-3 runs sample with `generate` (the lean loop wants whole weights on every process); the DDP runs
+# they are compared with do too, so that both draw the same completions.
+SAME_SAMPLER = "generation.loop=generate"
 SETTINGS = [
     "algorithm.beta=0.04", "algorithm.sync_ref_model=true", "algorithm.ref_model_sync_steps=1",
     "algorithm.ref_model_mixup_alpha=0.5", "trainer.gradient_accumulation_steps=2",
-    "trainer.per_device_train_batch_size=2", "trainer.max_grad_norm=0.05",
+    "trainer.per_device_train_batch_size=2", "trainer.max_grad_norm=0.05", SAME_SAMPLER,
 ]
-LORA = ["model.lora.enabled=true", "model.lora.r=4", "algorithm.beta=0.04"]
+LORA = ["model.lora.enabled=true", "model.lora.r=4", "algorithm.beta=0.04", SAME_SAMPLER]
 
 
 def free_port() -> int:
