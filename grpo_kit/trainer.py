@@ -610,8 +610,8 @@ class ReferenceQuantities:
 
 @torch.no_grad()
 def generate_batch(rollout, run, references, model, num_prompts, accelerator, split_batch, moved):
-    """A scored generation batch, `split` into micro-batches (grpo_kit/batching.py) with their reference
-    quantities; `moved[i]`: whether the policy moves before micro-batch i is first trained on."""
+    """A scored generation batch, cut into micro-batches by `split_batch` (grpo_kit/batching.py), with their
+    reference quantities; `moved[i]`: whether the policy moves before micro-batch i is first trained on."""
     batch, metrics = rollout(run, num_prompts)
     batch = {name: tensor.to(accelerator.device) for name, tensor in batch.items()}
     # Token normalisers (dapo, cispo) divide by the active tokens of the whole batch on every process.

@@ -78,6 +78,8 @@ def why_not_lean(model, generation_config: GenerationConfig) -> str | None:
     return None
 
 
+# `prepared` and `logits_processors` call the private methods with which `generate` completes its config and builds
+# its processors: calling them, rather than rewriting them, is what keeps the two loops drawing the same tokens.
 def prepared(model, generation_config: GenerationConfig, device) -> GenerationConfig:
     """The config `generate` would sample with: `generation_config` completed from the model's own defaults."""
     generation_config, _ = model._prepare_generation_config(generation_config)
