@@ -13,7 +13,7 @@ import torch
 
 from grpo_kit.errors import ConfigError
 
-COMPLETION_COLUMNS = ("completion_ids", "completion_mask", "sampling_per_token_logps")  # (N, T) each
+COMPLETION_COLUMNS = ("completion_ids", "completion_mask", "sampling_per_token_logps", "tool_mask")  # (N, T) each
 
 
 def group_by_length(cfg, loss, steps_per_generation: int) -> bool:

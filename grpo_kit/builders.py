@@ -1,12 +1,14 @@
-"""A run's plugins, built from its config: the advantage estimator and the rewards (the objective is built in
-grpo_kit/objective.py, next to the code that calls its parts)."""
+"""A run's plugins, built from its config: the advantage estimator, the rewards, the hooks, and what a rollout
+calls (tools, an environment, a custom rollout). The objective is built in grpo_kit/objective.py, next to the code
+that calls its parts."""
 
 import torch
 from omegaconf import DictConfig
 
 from grpo_kit.config import options
-from grpo_kit.errors import PluginError
+from grpo_kit.errors import ConfigError, PluginError
 from grpo_kit.plugins import Registry
+from grpo_kit.tool_use import ToolUse, check_tool, environment_tools, tool_functions
 
 
 def build_advantage(cfg: DictConfig, registry: Registry | None = None):
@@ -37,3 +39,33 @@ def build_rewards(cfg: DictConfig, registry: Registry) -> tuple[dict, torch.Tens
 def build_hooks(cfg: DictConfig, registry: Registry) -> list:
     """The hook plugins selected with `+hook=NAME` (or `+hook@hook.KEY=NAME`), built and checked."""
     return [registry.build("hook", node.name, options(node)) for node in cfg.hook.values()]
+
+
+def build_tool_use(cfg: DictConfig, registry: Registry, tokenizer, generation, accelerator) -> ToolUse | None:
+    """The multi-turn loop when the run has tools (`tools=[...]`) or an environment (`+environment=NAME`)."""
+    if not cfg.tools and cfg.environment is None:
+        return None
+    if cfg.rollout is not None:
+        raise ConfigError(
+            f"+rollout={cfg.rollout.name} generates by itself, so it would never call the run's tools: drop "
+            "+environment / tools=[...], or call them inside the rollout plugin."
+        )
+    environment = None
+    if cfg.environment is not None:
+        name, values = cfg.environment.name, options(cfg.environment)
+
+        def environment():
+            return registry.build("environment", name, values)
+
+        for tool in environment_tools(environment()):
+            check_tool(tool, f"+environment={name}")
+    algo = cfg.algorithm
+    return ToolUse(
+        tokenizer, generation, accelerator, tool_functions(list(cfg.tools)), environment,
+        cfg.generation.max_completion_length, algo.max_tool_calling_iterations, algo.tool_timeout,
+    )
+
+
+def build_custom_rollout(cfg: DictConfig, registry: Registry):
+    """The rollout plugin's generation (`+rollout=NAME`), or None for the generation backend's own."""
+    return None if cfg.rollout is None else registry.build("rollout", cfg.rollout.name, options(cfg.rollout))

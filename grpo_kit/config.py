@@ -23,7 +23,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from grpo_kit.compatibility import check_compatibility
 from grpo_kit.errors import ConfigError, PluginError
-from grpo_kit.kinds import KINDS, MULTI_CHOICE_KINDS
+from grpo_kit.kinds import KINDS, MULTI_CHOICE_KINDS, OPTIONAL_KINDS
 from grpo_kit.plugins import Registry
 
 log = logging.getLogger(__name__)
@@ -73,6 +73,7 @@ class ModelConfig:
     logits: str = "full"
     logits_chunk_size: int = 1024  # positions whose logits exist at once (chunked, and liger's metrics)
     lora: LoraConfig = field(default_factory=LoraConfig)
+    embedded: str = "sums"  # which embedded model name_or_path=null builds: sums, or tool_use (calls a calculator)
 
 
 @dataclass
@@ -82,6 +83,7 @@ class DataConfig:
     split: str = "train"
     shuffle: bool = True
     num_examples: int = 2000  # size of the embedded task
+    embedded: str = "sums"  # which embedded task path=null generates: sums, or tool_use (2-digit sums as chat)
 
 
 @dataclass
@@ -99,6 +101,9 @@ class AlgorithmConfig:
     sync_ref_model: bool = False  # TR-DPO (arXiv 2404.09656): move the reference model toward the policy
     ref_model_mixup_alpha: float = 0.6  # ref <- alpha * policy + (1 - alpha) * ref
     ref_model_sync_steps: int = 512  # every this many optimizer steps
+    # Multi-turn tool use (+environment=NAME or tools=[...], docs/agents.md)
+    max_tool_calling_iterations: int | None = None  # rounds of tool calls per completion; None: until the length ends
+    tool_timeout: float = 30.0  # seconds a tool call may take; a slower one counts as a failure
 
 
 @dataclass
@@ -174,6 +179,9 @@ class RunConfig:
     rollout_correction: Any = None
     advantage: Any = None
     generation: Any = None
+    environment: Any = None  # +environment=NAME: tools from an environment built per completion
+    rollout: Any = None  # +rollout=NAME: a custom generation instead of the generation backend's
+    tools: list[str] = field(default_factory=list)  # tool functions by import path: tools=[pkg.mod:fn]
     reward: dict = field(default_factory=dict)  # name -> options, one entry per selected reward
     hook: dict = field(default_factory=dict)  # name -> options, one entry per selected hook plugin
 
@@ -257,7 +265,12 @@ def with_presets(overrides: list[str]) -> list[str]:
             log.info("%s is given: using the %s=%s preset", override.key_or_group, group, preset)
             added.append(f"{group}={preset}")
             groups.add(group)
+    if "environment" in groups:  # the embedded model that calls tools, on a task it needs them for
+        added += [f"{group}={EMBEDDED_TOOL_USE_PRESET}" for group in ("model", "data") if group not in groups]
     return rewritten + added
+
+
+EMBEDDED_TOOL_USE_PRESET = "embedded_tool_use"  # conf/model/ and conf/data/: chosen by +environment=NAME
 
 
 def check_choices(overrides: list[str] | tuple[str, ...], registry: Registry) -> None:
@@ -329,6 +342,8 @@ def _first_key(key: str) -> str:
 def complete(cfg: DictConfig, registry: Registry) -> DictConfig:
     """Check that every kind has a plugin, and that the chosen plugins and settings go together."""
     for kind in SINGLE_CHOICE_KINDS:
+        if kind in OPTIONAL_KINDS and cfg[kind] is None:
+            continue
         if cfg[kind] is None or "name" not in cfg[kind]:
             installed = ", ".join(registry.names(kind)) or "none"
             default = DEFAULT_CHOICES[kind]

@@ -20,7 +20,7 @@ def load_prompts(cfg: DataConfig, setting: str = "data.path") -> datasets.Datase
     `setting` is the option that named `cfg.path`, for the messages (eval.path for an eval set).
     """
     if cfg.path is None:
-        dataset = datasets.Dataset.from_list(embedded.build_task(cfg.num_examples))
+        dataset = datasets.Dataset.from_list(embedded.task(cfg.embedded, cfg.num_examples))
     else:
         path = Path(cfg.path).expanduser()
         if (path.suffix in _FORMAT_OF_SUFFIX or looks_local(cfg.path)) and not path.exists():

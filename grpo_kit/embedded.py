@@ -5,6 +5,9 @@ miniature: it is pretrained for a few seconds on the task's format with noisy an
 `<number><eos>` and puts roughly a quarter of its probability on the right sum, much as a real base model knows
 how to answer but is often wrong. Reinforcement learning then has a real, visible job: find the right answer in
 the samples and make it the likely one. The build takes seconds and is cached under ~/.cache/grpo_kit.
+
+A second embedded model and task teach tool use (`model.embedded=tool_use`, `data.embedded=tool_use`, which
+`+environment=NAME` selects): see grpo_kit/embedded_tool_use.py.
 """
 
 import hashlib
@@ -17,6 +20,8 @@ from pathlib import Path
 import torch
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+
+from grpo_kit import embedded_tool_use
 
 CHARACTERS = "0123456789+-*= "
 PAD, EOS = "<pad>", "<eos>"
@@ -34,6 +39,22 @@ def build_tokenizer() -> PreTrainedTokenizerFast:
     return PreTrainedTokenizerFast(tokenizer_object=tokenizer, pad_token=PAD, eos_token=EOS)
 
 
+def task(name: str, num_examples: int) -> list[dict]:
+    """The embedded task `name` (sums or tool_use) with `num_examples` rows."""
+    return {"sums": build_task, "tool_use": embedded_tool_use.build_task}[_known(name, "data")](num_examples)
+
+
+def eval_problems(name: str) -> list[dict]:
+    """The eval set of the embedded task `name`."""
+    return {"sums": every_problem, "tool_use": embedded_tool_use.every_problem}[_known(name, "data")]()
+
+
+def _known(name: str, section: str) -> str:
+    if name not in ("sums", "tool_use"):
+        raise ValueError(f"{section}.embedded={name} is no embedded {section}: choose sums or tool_use.")
+    return name
+
+
 def build_task(num_examples: int, seed: int = TASK_SEED) -> list[dict]:
     """Rows with a `prompt` ("7+12=") and the `solution` ("19") that the accuracy reward checks."""
     rng = random.Random(seed)
@@ -49,15 +70,16 @@ def every_problem() -> list[dict]:
     return [{"prompt": f"{a}+{b}=", "solution": str(a + b)} for a in OPERANDS for b in OPERANDS]
 
 
-def model_path() -> Path:
-    """The embedded model's folder (save_pretrained format), built on first use."""
+def model_path(name: str = "sums") -> Path:
+    """The folder (save_pretrained format) of the embedded model `name` (sums or tool_use), built on first use."""
     cache = Path(os.environ.get("GRPO_KIT_CACHE", Path.home() / ".cache" / "grpo_kit"))
-    recipe = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()[:12]  # a changed recipe is a new model
-    path = cache / f"embedded-model-{recipe}"
+    recipes = [Path(__file__)] + ([Path(embedded_tool_use.__file__)] if _known(name, "model") == "tool_use" else [])
+    recipe = hashlib.sha256(b"".join(p.read_bytes() for p in recipes)).hexdigest()[:12]  # a changed recipe: a new model
+    path = cache / (("embedded-model-" if name == "sums" else f"embedded-{name}-model-") + recipe)
     if not (path / "config.json").exists():
         cache.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(dir=cache, prefix=".building-"))
-        model, tokenizer = _pretrain()
+        model, tokenizer = _pretrain() if name == "sums" else _pretrain_tool_use()
         model.save_pretrained(staging)
         tokenizer.save_pretrained(staging)
         try:
@@ -69,6 +91,29 @@ def model_path() -> Path:
 
 def _pretrain() -> tuple[Qwen2ForCausalLM, PreTrainedTokenizerFast]:
     tokenizer = build_tokenizer()
+    return _pretrained(tokenizer, lambda rng: (_noisy_example(rng), None), PRETRAIN_STEPS, max_positions=64), tokenizer
+
+
+def _pretrain_tool_use() -> tuple[Qwen2ForCausalLM, PreTrainedTokenizerFast]:
+    tokenizer = embedded_tool_use.build_tokenizer()
+
+    def example(rng: random.Random) -> tuple[str, int | None]:
+        conversation, decides = embedded_tool_use.noisy_conversation(rng)
+        text = tokenizer.apply_chat_template(conversation, tokenize=False)
+        return text, None if decides else len(conversation[0]["content"])  # the first token of the reply
+
+    model = _pretrained(
+        tokenizer, example, embedded_tool_use.PRETRAIN_STEPS, max_positions=128,
+        batch_size=embedded_tool_use.PRETRAIN_BATCH, decay=True,
+    )
+    return model, tokenizer
+
+
+def _pretrained(
+    tokenizer, example, steps: int, max_positions: int, batch_size: int = PRETRAIN_BATCH, decay: bool = False
+) -> Qwen2ForCausalLM:
+    """A tiny Qwen2 trained for `steps` batches of `example(rng)` texts, every token predicted but the one at the
+    position each example may name; with `decay`, the learning rate falls linearly to zero."""
     # A fork: seeding here must not reset the caller's random streams, or a run that builds the model (the
     # first on a machine) would sample differently from every later run with the same seed.
     with torch.random.fork_rng(devices=[]):
@@ -80,7 +125,7 @@ def _pretrain() -> tuple[Qwen2ForCausalLM, PreTrainedTokenizerFast]:
             num_hidden_layers=2,
             num_attention_heads=4,
             num_key_value_heads=2,
-            max_position_embeddings=64,
+            max_position_embeddings=max_positions,
             tie_word_embeddings=True,
             pad_token_id=tokenizer.pad_token_id,
             eos_token_id=tokenizer.eos_token_id,
@@ -88,18 +133,23 @@ def _pretrain() -> tuple[Qwen2ForCausalLM, PreTrainedTokenizerFast]:
         )
         model = Qwen2ForCausalLM(config)
         optimizer = torch.optim.AdamW(model.parameters(), lr=PRETRAIN_LR)
+        schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1 - step / steps if decay else 1.0)
         rng = random.Random(MODEL_SEED)
-        for _ in range(PRETRAIN_STEPS):
-            texts = [_noisy_example(rng) for _ in range(PRETRAIN_BATCH)]
-            batch = tokenizer(texts, padding=True, return_tensors="pt")
+        for _ in range(steps):
+            texts, unlearned = zip(*(example(rng) for _ in range(batch_size)))
+            batch = tokenizer(list(texts), padding=True, return_tensors="pt")
             labels = batch.input_ids.masked_fill(batch.attention_mask == 0, -100)
+            for row, position in enumerate(unlearned):
+                if position is not None:
+                    labels[row, position] = -100
             loss = model(**batch, labels=labels).loss
             loss.backward()
             optimizer.step()
+            schedule.step()
             optimizer.zero_grad()
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.generation_config.eos_token_id = tokenizer.eos_token_id
-    return model.eval(), tokenizer
+    return model.eval()
 
 
 def _noisy_example(rng: random.Random) -> str:

@@ -55,6 +55,16 @@ def register_generations(register):
 
 
 @hookspec
+def register_environments(register):
+    """Register environments for multi-turn tool use: classes with `reset(**row)` and tool methods."""
+
+
+@hookspec
+def register_rollouts(register):
+    """Register custom rollouts: a whole generation, prompts in, prompt and completion tokens out."""
+
+
+@hookspec
 def register_hooks(register):
     """Register hook plugins: classes built with their config whose `on_*` methods join the run (`+hook=NAME`)."""
 

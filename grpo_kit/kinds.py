@@ -16,8 +16,12 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 if TYPE_CHECKING:
     import torch
 
-KINDS = ("loss", "importance_sampling", "rollout_correction", "advantage", "reward", "generation", "hook")
+KINDS = (
+    "loss", "importance_sampling", "rollout_correction", "advantage", "reward", "generation", "hook", "environment",
+    "rollout",
+)
 MULTI_CHOICE_KINDS = ("reward", "hook")  # several at once: +reward=[a,b]; stored at reward.NAME
+OPTIONAL_KINDS = ("environment", "rollout")  # a run without one is a run without tools, or with the usual generation
 
 
 @dataclass(frozen=True)
@@ -134,6 +138,11 @@ class Completions:
     completion_mask: torch.Tensor  # (N, T), 1 up to and including the first EOS
     is_truncated: torch.Tensor  # (N,), True where no EOS came before max_completion_length
     sampling_per_token_logps: torch.Tensor | None = None  # (N, T), the sampler's own log-probs
+    # Multi-turn rollouts (grpo_kit/tool_use.py): 0 on the tokens that tools wrote, which the model reads but is
+    # not trained on; and how many tool calls each completion made, and how many of them failed.
+    tool_mask: torch.Tensor | None = None  # (N, T)
+    tool_calls: torch.Tensor | None = None  # (N,)
+    tool_failures: torch.Tensor | None = None  # (N,)
 
 
 class Generation(Protocol):
@@ -171,3 +180,40 @@ class RewardConfig:
     """Every reward's config extends this; the other fields reach the reward function as keyword arguments."""
 
     weight: float = 1.0
+
+
+class Environment(Protocol):
+    """What a multi-turn rollout talks to (`+environment=NAME`, docs/agents.md): one instance per completion of a
+    generation batch, built with the plugin's config and reset before every generation.
+
+    Every other public method is a tool the model may call. Its name, type hints and Google-style docstring are
+    what the chat template shows the model (transformers' `get_json_schema` reads them); it may be sync or async,
+    and what it returns is given to the model as text. An exception it raises is shown to the model as an error
+    and counted in `tools/failure_frequency`.
+    """
+
+    def reset(self, **row: Any) -> str | None:
+        """Start a new episode for the dataset row `row` (its `prompt` and other columns). A string is an
+        observation, appended to the prompt's last user message."""
+
+
+@dataclass
+class RolloutResult:
+    """What a custom rollout returns for N prompts (lists of N, in the order of the prompts it was handed)."""
+
+    prompt_ids: list[list[int]]
+    completion_ids: list[list[int]]  # each up to and including its EOS, if it has one
+    logprobs: list[list[float]] | None = None  # the sampler's log-prob of each completion token
+    # 0 on the completion tokens the model did not write (tool results, an environment's feedback): the model reads
+    # them but is not trained on them. None: the model wrote every token.
+    env_mask: list[list[int]] | None = None
+    completions: list | None = None  # what the rewards read; None: the decoded completion_ids
+    columns: dict[str, list] = field(default_factory=dict)  # extra keyword arguments for the rewards, N values each
+
+
+class CustomRollout(Protocol):
+    """A whole generation of its own (`+rollout=NAME`, TRL's `rollout_func`): prompts in, tokens out."""
+
+    def __call__(self, rows: list[dict], tokenizer: Any, generation: Generation) -> RolloutResult:
+        """Completions for `rows` (this process's dataset rows, each repeated num_generations times, group
+        members adjacent). `generation` is the run's backend, for a rollout that samples through it."""

@@ -16,7 +16,7 @@ from contextlib import nullcontext
 import torch
 
 from grpo_kit.kinds import LigerLoss
-from grpo_kit.objective import Objective
+from grpo_kit.objective import Objective, loss_mask
 
 INSTALL = "pip install 'grpo-kit[liger]' (or liger-kernel)"
 LEVELS = ("token", "sequence")  # the importance-sampling levels Liger forms: log-ratio, masked mean of the log-ratio
@@ -112,7 +112,7 @@ class FusedGRPOLoss:
     def __call__(self, hidden, weight, bias, micro_batch, reduction: dict, precision=None) -> torch.Tensor:
         """The micro-batch's loss (scaled as the plugin's `reduce` scales it), from (B, T, H) hidden states and the
         head's weight and bias; `precision` is the autocast the model ran its head under."""
-        mask = micro_batch["completion_mask"].float()
+        mask = loss_mask(micro_batch).float()
         ratio = micro_batch.get("importance_sampling_ratio")
         if ratio is not None and ratio.shape == mask.shape:
             ratio = torch.where(mask.bool(), ratio, torch.ones_like(ratio))  # padding carries no correction

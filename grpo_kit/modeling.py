@@ -20,7 +20,7 @@ def load_model(cfg: ModelConfig):
     """The policy as `cfg` asks for it (adapters, dropout, head precision, checkpointing), and its tokenizer."""
     if cfg.lora.enabled:
         check_peft_installed()
-    path = str(Path(cfg.name_or_path).expanduser()) if cfg.name_or_path else embedded.model_path()
+    path = str(Path(cfg.name_or_path).expanduser()) if cfg.name_or_path else embedded.model_path(cfg.embedded)
     tokenizer = AutoTokenizer.from_pretrained(path)
     if tokenizer.pad_token is None:
         log.info("The tokenizer has no pad token: padding with its EOS token %r", tokenizer.eos_token)

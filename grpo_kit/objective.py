@@ -15,6 +15,13 @@ from grpo_kit.plugins import Registry
 from grpo_kit.reductions import masked_mean
 
 
+def loss_mask(batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """(B, T) 1 on the completion tokens the loss trains on: the model's own, not padding, not what tools wrote
+    (`tool_mask`, grpo_kit/tool_use.py), which the model still attends to through `completion_mask`."""
+    tool_mask = batch.get("tool_mask")
+    return batch["completion_mask"] if tool_mask is None else batch["completion_mask"] * tool_mask
+
+
 @dataclass
 class ObjectiveOutput:
     loss: torch.Tensor  # scalar, already scaled for gradient accumulation
@@ -40,7 +47,7 @@ class Objective:
         num_processes: int = 1,
     ) -> ObjectiveOutput:
         algo = self.algorithm
-        mask = batch["completion_mask"].to(per_token_logps.dtype)  # (B, T)
+        mask = loss_mask(batch).to(per_token_logps.dtype)  # (B, T)
         advantages = batch["advantages"].unsqueeze(1)  # (B, 1)
         old_per_token_logps = batch.get("old_per_token_logps")
         if old_per_token_logps is None:  # on-policy: pi_old is pi_theta, without its gradient

@@ -51,13 +51,9 @@ class ScoredBatch:
         groups = torch.as_tensor(groups, dtype=torch.long)
         items = (groups.unsqueeze(1) * self.num_generations + torch.arange(self.num_generations)).view(-1)
         picked = items.tolist()
-        g = self.generated
-        generated = Completions(
-            g.completion_ids[items],
-            g.completion_mask[items],
-            g.is_truncated[items],
-            None if g.sampling_per_token_logps is None else g.sampling_per_token_logps[items],
-        )
+        generated = Completions(**{
+            name: None if tensor is None else tensor[items] for name, tensor in vars(self.generated).items()
+        })
         return replace(
             self,
             rows=[self.rows[i] for i in picked],
@@ -74,18 +70,15 @@ class ScoredBatch:
         length = max(self.generated.completion_ids.shape[1], other.generated.completion_ids.shape[1])
         a, b = self.generated, other.generated
 
-        def joined(x, y, padding):
+        def joined(name: str) -> torch.Tensor | None:
+            x, y = getattr(a, name), getattr(b, name)
             if x is None or y is None:
                 return None
-            pad = lambda t: torch.nn.functional.pad(t, (0, length - t.shape[1]), value=padding)  # noqa: E731
-            return torch.cat([pad(x), pad(y)])
+            if x.dim() == 2:  # (N, T): right-padded with zeros, which any zero mask makes harmless
+                x, y = (torch.nn.functional.pad(t, (0, length - t.shape[1])) for t in (x, y))
+            return torch.cat([x, y])
 
-        generated = Completions(
-            joined(a.completion_ids, b.completion_ids, 0),  # any id will do under a zero mask
-            joined(a.completion_mask, b.completion_mask, 0),
-            torch.cat([a.is_truncated, b.is_truncated]),
-            joined(a.sampling_per_token_logps, b.sampling_per_token_logps, 0.0),
-        )
+        generated = Completions(**{name: joined(name) for name in vars(a)})
         return replace(
             self,
             rows=self.rows + other.rows,

@@ -33,6 +33,8 @@ REGISTER_HOOK_OF_KIND = {
     "reward": "register_rewards",
     "generation": "register_generations",
     "hook": "register_hooks",
+    "environment": "register_environments",
+    "rollout": "register_rollouts",
 }
 
 # The core reads these fields, so a plugin of that kind must carry them.

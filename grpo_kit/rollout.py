@@ -13,10 +13,11 @@ import torch
 from grpo_kit.advantages import nanstd, weighted_rewards
 from grpo_kit.data import PromptSampler, is_conversational, prompt_text
 from grpo_kit.errors import PluginError
-from grpo_kit.kinds import Generation
+from grpo_kit.kinds import Completions, CustomRollout, Generation, RolloutResult
 from grpo_kit.pipeline import Run, ScoredBatch
 from grpo_kit.replay import RolloutRecorder, RolloutReplay
 from grpo_kit.scoring import Scorer
+from grpo_kit.tool_use import ToolUse
 
 
 @dataclass
@@ -34,6 +35,8 @@ class Rollout:
     with_logprobs: bool = False  # ask the backend for the sampler's log-probs (for a rollout correction)
     replay: RolloutReplay | None = None  # frozen rollouts to train on instead of generating
     recorder: RolloutRecorder | None = None  # saves every scored batch
+    tool_use: ToolUse | None = None  # multi-turn generation with tools (+environment=NAME, tools=[...])
+    custom: CustomRollout | None = None  # a rollout plugin's generation instead (+rollout=NAME)
 
     def __call__(self, run: Run, num_prompts: int) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
         """This process's next `num_prompts` prompts as a generation batch: tensors for the objective, and the
@@ -66,17 +69,10 @@ class Rollout:
         num_generations = num_generations or self.num_generations
         rows = [row for row in rows for _ in range(num_generations)]  # each group's members are adjacent
         prompts = [row["prompt"] for row in rows]
-        prompt_texts = [prompt_text(self.tokenizer, prompt) for prompt in prompts]
-        prompt_ids = self.tokenizer(prompt_texts, add_special_tokens=False).input_ids  # one call for the batch
-        generated = self.generation.generate(prompt_ids, with_logprobs=self.with_logprobs)
+        prompt_ids, completions, generated, extra_columns = self._generate(rows)
         lengths = generated.completion_mask.sum(dim=1).tolist()  # the mask is a prefix of each row
         completion_ids = [ids[:length] for ids, length in zip(generated.completion_ids.tolist(), lengths)]
-        texts = self.tokenizer.batch_decode(completion_ids, skip_special_tokens=True)
-        completions = [
-            [{"role": "assistant", "content": text}] if is_conversational(prompt) else text
-            for prompt, text in zip(prompts, texts)
-        ]
-        columns = {key: [row[key] for row in rows] for key in rows[0] if key != "prompt"}
+        columns = {key: [row[key] for row in rows] for key in rows[0] if key != "prompt"} | extra_columns
         rewards_per_func, metrics = self.scorer(prompts, completions, completion_ids, columns)  # (N, K)
         return ScoredBatch(
             rows=rows,
@@ -89,6 +85,31 @@ class Rollout:
             num_generations=num_generations,
             metrics=metrics,
         )
+
+    def _generate(self, rows: list[dict]) -> tuple[list[list[int]], list, Completions, dict[str, list]]:
+        """Prompt ids, the completions as the rewards read them, their tensors, and extra reward columns."""
+        if self.custom is not None:
+            result = self.custom(rows, self.tokenizer, self.generation)
+            generated = completions_of(result, self.tokenizer, self.with_logprobs)
+            completions = result.completions or self._decoded(rows, generated)
+            return result.prompt_ids, completions, generated, result.columns
+        if self.tool_use is not None:
+            turns = self.tool_use(rows, self.with_logprobs)
+            return turns.prompt_ids, turns.completions, turns.generated, {}
+        prompt_texts = [prompt_text(self.tokenizer, row["prompt"]) for row in rows]
+        prompt_ids = self.tokenizer(prompt_texts, add_special_tokens=False).input_ids  # one call for the batch
+        generated = self.generation.generate(prompt_ids, with_logprobs=self.with_logprobs)
+        return prompt_ids, self._decoded(rows, generated), generated, {}
+
+    def _decoded(self, rows: list[dict], generated: Completions) -> list:
+        """Each completion's text, as an assistant message where the prompt is chat messages."""
+        lengths = generated.completion_mask.sum(dim=1).tolist()
+        ids = [row[:length] for row, length in zip(generated.completion_ids.tolist(), lengths)]
+        texts = self.tokenizer.batch_decode(ids, skip_special_tokens=True)
+        return [
+            [{"role": "assistant", "content": text}] if is_conversational(row["prompt"]) else text
+            for row, text in zip(rows, texts)
+        ]
 
     def _tensors(self, scored: ScoredBatch, advantages: torch.Tensor) -> dict[str, torch.Tensor]:
         generated = scored.generated
@@ -105,6 +126,8 @@ class Rollout:
         }
         if generated.sampling_per_token_logps is not None:
             batch["sampling_per_token_logps"] = generated.sampling_per_token_logps
+        if generated.tool_mask is not None:
+            batch["tool_mask"] = generated.tool_mask  # (N, T)
         return batch
 
     def _gather(self, tensor: torch.Tensor) -> torch.Tensor:
@@ -116,7 +139,9 @@ class Rollout:
         gather = self._gather
         rewards = weighted_rewards(rewards_per_func, self.reward_weights)  # (N x processes,)
         group_std = nanstd(rewards.view(-1, self.num_generations), dim=1).nan_to_num(0.0)
-        lengths = gather(scored.generated.completion_mask.sum(dim=1).float())
+        generated = scored.generated
+        written = generated.completion_mask if generated.tool_mask is None else generated.completion_mask * generated.tool_mask
+        lengths = gather(written.sum(dim=1).float())  # the tokens the model wrote, as TRL counts them
         metrics = {
             "reward": rewards.nanmean().item(),
             "reward_std": nanstd(rewards).item(),
@@ -125,6 +150,10 @@ class Rollout:
             "completions/max_length": lengths.max().item(),
             "completions/clipped_ratio": gather(scored.generated.is_truncated.float()).mean().item(),
         }
+        if generated.tool_calls is not None:
+            calls, failures = gather(generated.tool_calls.float()), gather(generated.tool_failures.float())
+            metrics["tools/call_frequency"] = calls.mean().item()  # calls per completion
+            metrics["tools/failure_frequency"] = (failures.sum() / calls.sum()).item() if calls.sum() > 0 else 0.0
         if scored.metrics:  # from scoring and hooks: the mean of the processes' values
             values = gather(torch.tensor([list(scored.metrics.values())]))
             metrics |= dict(zip(scored.metrics, values.nanmean(dim=0).tolist()))
@@ -133,6 +162,25 @@ class Rollout:
             metrics[f"rewards/{name}/mean"] = column.nanmean().item()
             metrics[f"rewards/{name}/std"] = nanstd(column).item()
         return metrics
+
+
+def completions_of(result: RolloutResult, tokenizer, with_logprobs: bool) -> Completions:
+    """A custom rollout's lists as the (N, T) tensors the training batch is made of."""
+    if with_logprobs and result.logprobs is None:
+        raise PluginError("The rollout plugin returned no `logprobs`, which this run's rollout correction needs.")
+    width = max(1, max(len(ids) for ids in result.completion_ids))
+
+    def padded(rows, value, dtype):  # (N, width)
+        return torch.tensor([list(row) + [value] * (width - len(row)) for row in rows], dtype=dtype)
+
+    ids = result.completion_ids
+    return Completions(
+        completion_ids=padded(ids, tokenizer.pad_token_id, torch.long),
+        completion_mask=padded([[1] * len(row) for row in ids], 0, torch.int),
+        is_truncated=torch.tensor([not row or row[-1] != tokenizer.eos_token_id for row in ids]),
+        sampling_per_token_logps=None if result.logprobs is None else padded(result.logprobs, 0.0, torch.float),
+        tool_mask=None if result.env_mask is None else padded(result.env_mask, 0, torch.int),
+    )
 
 
 def chain(hook, key: str, check, **arguments):

@@ -28,7 +28,7 @@ from omegaconf import DictConfig, OmegaConf
 from transformers import get_scheduler
 
 from grpo_kit.batching import group_by_length, moves_before_use, split
-from grpo_kit.builders import build_advantage, build_hooks, build_rewards
+from grpo_kit.builders import build_advantage, build_custom_rollout, build_hooks, build_rewards, build_tool_use
 from grpo_kit.checkpoint import (
     CHECKPOINTS,
     check_resumable,
@@ -49,7 +49,7 @@ from grpo_kit.lock import write_or_compare
 from grpo_kit.loggers import ConsoleLogger, JsonlLogger
 from grpo_kit.memory import release_freed_memory
 from grpo_kit.modeling import load_model
-from grpo_kit.objective import Objective, ObjectiveOutput, build_objective
+from grpo_kit.objective import Objective, ObjectiveOutput, build_objective, loss_mask
 from grpo_kit.pipeline import Run
 from grpo_kit.plugins import Registry
 from grpo_kit.policy_loss import PolicyLoss, build_policy_loss
@@ -103,7 +103,7 @@ def train(cfg: DictConfig, run_dir: str | Path, registry: Registry | None = None
     prompts = load_prompts(cfg.data)
     eval_prompts = load_eval_prompts(cfg.eval, cfg.data)
     every_prompt_set = [dataset for dataset in (prompts, eval_prompts) if dataset is not None]
-    for dataset in every_prompt_set:
+    for dataset in every_prompt_set if cfg.rollout is None else ():  # a rollout plugin may add the columns
         check_reward_columns(rewards, dataset)
     max_steps = t.max_steps
     if max_steps == -1:
@@ -182,6 +182,8 @@ def train(cfg: DictConfig, run_dir: str | Path, registry: Registry | None = None
             with_logprobs=references.wants_sampling_logps,
             replay=replay,
             recorder=RolloutRecorder(run_dir) if cfg.rollouts.save else None,
+            tool_use=build_tool_use(cfg, registry, tokenizer, generation, accelerator),
+            custom=build_custom_rollout(cfg, registry),
         )
         state = TrainState(
             model=accelerator.unwrap_model(model),
@@ -601,7 +603,7 @@ class ReferenceQuantities:
             micro_batch["old_per_token_logps"], _ = self.policy_loss.logps(policy, micro_batch)
         if corrected:
             micro_batch["importance_sampling_ratio"] = self.objective.rollout_correction(
-                micro_batch["old_per_token_logps"], sampling, micro_batch["completion_mask"]
+                micro_batch["old_per_token_logps"], sampling, loss_mask(micro_batch)
             )
         if self.reference is not None:
             with self.autocast():
@@ -615,7 +617,7 @@ def generate_batch(rollout, run, references, model, num_prompts, accelerator, sp
     batch, metrics = rollout(run, num_prompts)
     batch = {name: tensor.to(accelerator.device) for name, tensor in batch.items()}
     # Token normalisers (dapo, cispo) divide by the active tokens of the whole batch on every process.
-    batch["num_items_in_batch"] = accelerator.gather(batch["completion_mask"].sum()).sum()
+    batch["num_items_in_batch"] = accelerator.gather(loss_mask(batch).sum()).sum()
     micro_batches = split_batch(batch)
     for micro_batch, policy_moved in zip(micro_batches, moved):
         references.add(model, micro_batch, policy_moved)
@@ -627,7 +629,7 @@ def generate_batch(rollout, run, references, model, num_prompts, accelerator, sp
 def sampler_mismatch(micro_batches: list[dict], accelerator) -> dict[str, float]:
     """How far the sampler's log-probs are from the trainer's, and the rollout correction's ratio, over the whole
     generation batch (TRL's `sampling/` metrics)."""
-    mask = torch.cat([mb["completion_mask"] for mb in micro_batches]).bool()  # (N, T)
+    mask = torch.cat([loss_mask(mb) for mb in micro_batches]).bool()  # (N, T)
     ratio = torch.cat([mb["importance_sampling_ratio"] for mb in micro_batches])  # (N, T) or (N, 1)
     ratio = ratio[mask] if ratio.shape == mask.shape else ratio.view(-1)  # active tokens, or sequences
     difference = torch.cat([mb["old_per_token_logps"] - mb["sampling_per_token_logps"] for mb in micro_batches])

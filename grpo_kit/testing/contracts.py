@@ -53,12 +53,14 @@ from grpo_kit.plugins import ENTRY_POINT_GROUP, REGISTER_HOOK_OF_KIND, Plugin, R
 
 __all__ = [
     "AdvantageContract",
+    "EnvironmentContract",
     "GenerationContract",
     "HookContract",
     "ImportanceSamplingContract",
     "LossContract",
     "PluginContract",
     "RewardContract",
+    "RolloutContract",
     "RolloutCorrectionContract",
     "assert_contracts_cover",
 ]
@@ -861,6 +863,112 @@ class HookContract(PluginContract):
         assert not unmarked, f"{unmarked}: not marked @grpo_kit.hookimpl, so the run never calls them"
 
 
+class EnvironmentContract(PluginContract):
+    """An environment (kinds.py: Environment, `+environment=NAME`): reset per generation, tools that describe
+    themselves to the chat template and run in the tool loop.
+
+    `rows` are dataset rows to reset with (by default the embedded tool-use task's); `tool_calls` are calls its
+    tools should answer without failing, as (name, arguments) pairs; an environment with state lists calls that
+    change it, so that the kit checks that `reset` starts afresh.
+    """
+
+    kind = "environment"
+    rows: ClassVar[Sequence[dict]] = ()
+    tool_calls: ClassVar[Sequence[tuple[str, dict]]] = ()
+
+    @classmethod
+    def contract_rows(cls) -> list[dict]:
+        from grpo_kit.embedded_tool_use import build_task
+
+        return list(cls.rows) or build_task(3)
+
+    def test_reset_takes_a_row_and_returns_an_observation_or_none(self, plugin):
+        for row in self.contract_rows():
+            observation = plugin.reset(**row)
+            assert observation is None or isinstance(observation, str), (
+                f"reset(**row) returned {observation!r}: return a string (appended to the prompt) or None"
+            )
+
+    def test_every_tool_describes_itself_to_the_chat_template(self, plugin, contract_case):
+        from grpo_kit.tool_use import check_tool, environment_tools
+
+        tools = environment_tools(plugin)
+        assert tools, "it has no public method besides reset, so the model has no tool to call"
+        for tool in tools:
+            check_tool(tool, str(contract_case))
+
+    def test_tools_answer_in_the_tool_loop(self, plugin):
+        from grpo_kit.tool_use import environment_tools, run_tool_calls, toolbox
+
+        if not self.tool_calls:
+            pytest.skip("tool_calls = [(name, arguments), ...] names calls its tools should answer")
+        plugin.reset(**self.contract_rows()[0])
+        [(messages, failed)] = run_tool_calls([(self._calls(), toolbox(environment_tools(plugin)))], timeout=30.0)
+        assert failed == 0, f"tool calls failed: {[m['content'] for m in messages]}"
+
+    def test_reset_starts_afresh(self, plugin):
+        """The same calls after `reset(**row)` get the same answers, whatever came before."""
+        from grpo_kit.tool_use import environment_tools, run_tool_calls, toolbox
+
+        if not self.tool_calls:
+            pytest.skip("tool_calls = [(name, arguments), ...] names calls its tools should answer")
+        answers = []
+        for _ in range(2):
+            plugin.reset(**self.contract_rows()[0])
+            [(messages, _)] = run_tool_calls([(self._calls(), toolbox(environment_tools(plugin)))], timeout=30.0)
+            answers.append([message["content"] for message in messages])
+        assert answers[0] == answers[1], f"answers after reset differ: {answers[0]} then {answers[1]}"
+
+    def _calls(self) -> list[dict]:
+        return [{"type": "function", "function": {"name": name, "arguments": dict(arguments)}}
+                for name, arguments in self.tool_calls]
+
+
+class RolloutContract(PluginContract):
+    """A custom rollout (kinds.py: CustomRollout, `+rollout=NAME`) on the embedded tokenizer and a tiny random model
+    behind the transformers backend: one result per row, lists that agree in length, token ids of the vocabulary."""
+
+    kind = "rollout"
+    rows: ClassVar[Sequence[dict]] = tuple({"prompt": prompt, "solution": "3"} for prompt in ("1+2=", "0+3=") * 4)
+
+    @pytest.fixture(scope="class")
+    @classmethod
+    def result(cls, plugin, tmp_path_factory):
+        from accelerate import Accelerator
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        from grpo_kit.testing.models import build_tiny_model
+
+        directory = build_tiny_model(tmp_path_factory.mktemp("rollout-contract-model"))
+        model, tokenizer = AutoModelForCausalLM.from_pretrained(directory), AutoTokenizer.from_pretrained(directory)
+        generation = Registry().build("generation", "transformers", {"max_completion_length": 6})
+        generation.start(model, tokenizer, Accelerator(cpu=True))
+        try:
+            return plugin(list(cls.rows), tokenizer, generation), tokenizer
+        finally:
+            generation.close()
+
+    def test_one_result_per_row(self, result):
+        result, _ = result
+        n = len(self.rows)
+        assert len(result.prompt_ids) == n and len(result.completion_ids) == n, (
+            f"{len(result.prompt_ids)} prompts and {len(result.completion_ids)} completions for {n} rows"
+        )
+        for name, values in result.columns.items():
+            assert len(values) == n, f"column {name!r} has {len(values)} values for {n} rows"
+
+    def test_per_token_lists_match_the_completions(self, result):
+        result, tokenizer = result
+        for field_name in ("logprobs", "env_mask"):
+            values = getattr(result, field_name)
+            if values is not None:
+                lengths = [len(v) for v in values], [len(ids) for ids in result.completion_ids]
+                assert lengths[0] == lengths[1], f"{field_name}: lengths {lengths[0]} for completions of {lengths[1]}"
+        vocabulary = len(tokenizer)
+        for ids in [*result.prompt_ids, *result.completion_ids]:
+            assert all(isinstance(i, int) and 0 <= i < vocabulary for i in ids), f"not token ids: {ids}"
+
+
 _CONTRACT_OF_KIND = {
     "loss": LossContract.__name__,
     "importance_sampling": ImportanceSamplingContract.__name__,
@@ -869,4 +977,6 @@ _CONTRACT_OF_KIND = {
     "reward": RewardContract.__name__,
     "generation": GenerationContract.__name__,
     "hook": HookContract.__name__,
+    "environment": EnvironmentContract.__name__,
+    "rollout": RolloutContract.__name__,
 }

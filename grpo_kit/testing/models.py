@@ -8,13 +8,16 @@ from transformers import Qwen2Config, Qwen2ForCausalLM, Qwen2ForSequenceClassifi
 from grpo_kit.embedded import build_tokenizer
 
 
-def build_tiny_model(directory: str | Path, seed: int = 0, chat_template: str | None = None, **config) -> Path:
+def build_tiny_model(
+    directory: str | Path, seed: int = 0, chat_template: str | None = None, tokenizer=None, **config
+) -> Path:
     """Save an untrained two-layer Qwen2 (a few thousand parameters) and its tokenizer into `directory`.
 
+    `tokenizer` replaces the embedded character tokenizer (the tool-use one has every printable character);
     `config` overrides Qwen2Config fields: `tie_word_embeddings=False`, `attention_dropout=0.1`, ...
     """
     architecture = dict(num_hidden_layers=2, max_position_embeddings=128, tie_word_embeddings=True, bos_token_id=None)
-    model, tokenizer = _tiny(Qwen2ForCausalLM, seed, chat_template, **(architecture | config))
+    model, tokenizer = _tiny(Qwen2ForCausalLM, seed, chat_template, tokenizer, **(architecture | config))
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     return _save(directory, model, tokenizer)
@@ -23,13 +26,14 @@ def build_tiny_model(directory: str | Path, seed: int = 0, chat_template: str | 
 def build_tiny_reward_model(directory: str | Path, seed: int = 0, chat_template: str | None = None) -> Path:
     """Save an untrained one-layer Qwen2 sequence classifier (one score per text) and its tokenizer."""
     model, tokenizer = _tiny(
-        Qwen2ForSequenceClassification, seed, chat_template, num_hidden_layers=1, max_position_embeddings=64, num_labels=1
+        Qwen2ForSequenceClassification, seed, chat_template, None, num_hidden_layers=1, max_position_embeddings=64,
+        num_labels=1,
     )
     return _save(directory, model, tokenizer)
 
 
-def _tiny(model_class, seed: int, chat_template: str | None, **architecture):
-    tokenizer = build_tokenizer()
+def _tiny(model_class, seed: int, chat_template: str | None, tokenizer, **architecture):
+    tokenizer = tokenizer or build_tokenizer()
     if chat_template is not None:
         tokenizer.chat_template = chat_template
     torch.manual_seed(seed)

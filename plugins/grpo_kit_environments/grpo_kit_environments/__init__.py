@@ -1,0 +1,1 @@
+"""grpo_kit's built-in environments for multi-turn tool use."""
