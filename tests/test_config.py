@@ -130,7 +130,7 @@ def test_a_missing_default_loss_says_how_to_choose_one(monkeypatch):
 def test_unknown_top_level_key_is_rejected_with_the_closest_one(registry):
     with pytest.raises(ConfigError, match=r"^\+hooks=dynamic_sampling: 'hooks' is not a setting of a grpo_kit run, so "
                                           r"nothing would read it. Did you mean 'hook'\? The top-level keys are: "
-                                          r"advantage, algorithm, data, eval, experiment, generation, hook, hydra, "):
+                                          r"advantage, algorithm, data, environment, eval, experiment, generation, hook, "):
         grpo_kit.compose(["+hooks=dynamic_sampling"], registry)
     with pytest.raises(ConfigError, match=r"'rewards' is not a setting.*Did you mean 'reward'\?"):
         check_choices(["+reward@rewards.brevity=python"], registry)
