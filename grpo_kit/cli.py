@@ -22,6 +22,7 @@ from hydra.types import RunMode
 from omegaconf import OmegaConf
 
 from grpo_kit.config import (
+    DEFAULT_CHOICES,
     PRIMARY_CONFIG,
     check_choices,
     complete,
@@ -40,15 +41,28 @@ LOG_FORMAT = "[%(asctime)s][%(name)s][%(levelname)s] - %(message)s"
 
 HELP = """python -m grpo_kit OVERRIDES...: compose a run of plugins and presets, and train it (-m: a sweep of runs).
 
-== Plugins: +KIND=NAME (a reward or hook may be several: +reward=[a,b]) ==
+== Plugins: +KIND=NAME chooses one; a reward or a hook may be several, +reward=[a,b] ==
 {plugins}
+`grpo-kit plugins` says what each plugin does and lists its options: loss.epsilon=0.3, reward.accuracy.weight=2.
 
-== Presets: GROUP=NAME ==
+== Presets (conf/) ==
 {presets}
 
-== Config: override anything (trainer.max_steps=100); `grpo-kit plugins` explains every plugin option ==
+== Config: override anything (trainer.max_steps=100) ==
 {config}
 Powered by Hydra (https://hydra.cc): --hydra-help shows its own flags (--cfg job, --multirun, ...)."""
+
+# How a preset of each group in conf/ is chosen, in the order --help lists them. A group the run has no default for
+# takes +GROUP=NAME, so a new group is listed (after these) without an entry here. Hydra's own groups (hydra/...)
+# choose how a sweep runs, and only -m runs one.
+PRESET_CHOICE = {
+    "model": "model=NAME",
+    "data": "data=NAME",
+    "experiment": "+experiment=NAME",
+    "sweep": "-m +sweep=NAME",
+    "hydra/launcher": "-m hydra/launcher=NAME",
+    "hydra/sweeper": "-m hydra/sweeper=NAME",
+}
 
 
 def main() -> None:
@@ -113,13 +127,24 @@ def main() -> None:
 
 def help_text(overrides: list[str], registry: Registry) -> str:
     """The plugins and presets to choose from, and the config that `overrides` compose."""
-    plugins = [f"{kind}: {', '.join(registry.names(kind))}" for kind in KINDS]
-    presets = [f"{group}: {', '.join(names)}" for group, names in preset_choices().items()]
+    plugins = {f"+{kind}=NAME": _marked_default(registry.names(kind), DEFAULT_CHOICES.get(kind)) for kind in KINDS}
+    choices = preset_choices()
+    groups = [group for group in PRESET_CHOICE if group in choices] + sorted(set(choices) - set(PRESET_CHOICE))
+    presets = {PRESET_CHOICE.get(group, f"+{group}=NAME"): ", ".join(choices[group]) for group in groups}
     try:
         config = OmegaConf.to_yaml(hydra_composition(overrides, registry))
     except ConfigCompositionException as error:  # what Hydra would print: its message and the cause
         raise ConfigError(f"{error}\n{error.__cause__ or ''}".strip()) from None
-    return HELP.format(plugins="\n".join(plugins), presets="\n".join(presets), config=config)
+    return HELP.format(plugins=_columns(plugins), presets=_columns(presets), config=config)
+
+
+def _marked_default(names: list[str], default: str | None) -> str:
+    return ", ".join(f"{name} (default)" if name == default else name for name in names) or "(none installed)"
+
+
+def _columns(rows: dict[str, str]) -> str:
+    width = max(map(len, rows), default=0)
+    return "\n".join(f"{key:<{width}}  {value}" for key, value in rows.items())
 
 
 def refused(error: UserError, in_sweep: bool) -> None:

@@ -1,6 +1,6 @@
 """`grpo-kit`: commands about an installation. Training itself is the Hydra app, `python -m grpo_kit OVERRIDES...`.
 
-    grpo-kit plugins               every installed plugin, its distribution and its options with their defaults
+    grpo-kit plugins               every installed plugin: its distribution, what it does, its options and defaults
     grpo-kit plugins --json        the same as JSON
     grpo-kit plugins --kind loss   one kind only
     grpo-kit report DIR            a sweep's report.md, runs.csv, variants.csv and figures, written into DIR
@@ -64,8 +64,8 @@ def build_parser() -> argparse.ArgumentParser:
     plugins = commands.add_parser(
         "plugins",
         help="list the installed plugins and their options",
-        description="Every installed plugin: its distribution, kind and name, and its options with their defaults "
-        "and help, written as the command-line override that sets them.",
+        description="Every installed plugin: its distribution, kind and name, what it does, and its options with "
+        "their defaults and help, written as the command-line override that sets them.",
     )
     plugins.add_argument("--json", action="store_true", help="print JSON instead of a table")
     plugins.add_argument("--kind", choices=KINDS, action="append", help="only this kind (repeatable)")
@@ -88,11 +88,12 @@ def plugins_command(args: argparse.Namespace) -> int:
 
 
 def plugins_table(plugins: list[InstalledPlugin]) -> str:
-    """One line per plugin, then one indented line per option: `loss.epsilon=0.2  float  lower clip: ...`."""
+    """One line per plugin, which ends with what it does, then one indented line per option:
+    `loss.epsilon=0.2  float  lower clip: ...`."""
     if not plugins:
         return "No grpo_kit plugins are installed: `pip install -r requirements.txt` installs the built-in ones."
-    header = ("KIND", "NAME", "DISTRIBUTION", "VERSION")
-    rows = [(p.kind, p.name, p.distribution, p.version or "-") for p in plugins]
+    header = ("KIND", "NAME", "DISTRIBUTION", "VERSION", "DESCRIPTION")
+    rows = [(p.kind, p.name, p.distribution, p.version or "-", p.description) for p in plugins]
     widths = [max(len(row[column]) for row in [header, *rows]) for column in range(len(header))]
     lines = [_aligned(header, widths)]
     for index, (plugin, row) in enumerate(zip(plugins, rows)):

@@ -1,5 +1,8 @@
 """What is installed: every registered plugin with its distribution and its options, for `grpo-kit plugins`.
 
+A plugin's description is the first paragraph of its implementation's docstring, else of its module's, read from
+the source: listing the plugins imports none of them (grpo_kit/plugins.py).
+
 An option's help text is the field's `metadata["help"]` when it has one, else the comment the house style puts
 on the field's line in the config dataclass (`epsilon: float = 0.2  # lower clip ...`), else the comment lines
 just above the field. Reading the source keeps plugin authors from writing each explanation twice.
@@ -7,9 +10,12 @@ just above the field. Reading the source keeps plugin authors from writing each 
 
 import ast
 import dataclasses
+import enum
 import functools
+import importlib.util
 import inspect
 import io
+import sys
 import textwrap
 import tokenize
 from dataclasses import dataclass
@@ -35,8 +41,9 @@ class InstalledPlugin:
     version: str | None  # None for a local module
     kind: str
     name: str
+    description: str  # one line: what the plugin does
     implementation: str  # "package.module:QualifiedName"
-    config: str  # the config dataclass, same form
+    config: str | None  # the config dataclass, same form; None when no import path leads to it (no options)
     options: list[Option]
 
     @property
@@ -61,10 +68,53 @@ def describe(plugin: Plugin) -> InstalledPlugin:
         version=version,
         kind=plugin.kind,
         name=plugin.name,
+        description=description(plugin.implementation_path),
         implementation=plugin.implementation_path,  # listing the plugins imports none of them
-        config=qualified_name(plugin.config),
+        config=import_path(plugin.config),
         options=config_options(plugin.config),
     )
+
+
+def import_path(klass: type) -> str | None:
+    """"package.module:Name" when importing that gives `klass` back. The registry makes a config for a plugin
+    registered without one (dataclasses.make_dataclass), which no import path reaches: None, not a made-up path."""
+    path = qualified_name(klass)
+    module_name, _, qualname = path.partition(":")
+    found = sys.modules.get(module_name)
+    for name in qualname.split("."):
+        found = getattr(found, name, None)
+    return path if found is klass else None
+
+
+DEFINITIONS = (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
+
+
+def description(implementation_path: str) -> str:
+    """The first paragraph of the implementation's docstring, else of its module's, as one line ("" if neither)."""
+    module_name, _, qualname = implementation_path.partition(":")
+    module = _module_syntax_tree(module_name)
+    if module is None:
+        return ""
+    node = module
+    for name in qualname.split("."):
+        children = getattr(node, "body", [])
+        node = next((child for child in children if isinstance(child, DEFINITIONS) and child.name == name), None)
+    docstring = (node is not None and ast.get_docstring(node)) or ast.get_docstring(module) or ""
+    return " ".join(docstring.split("\n\n")[0].split())
+
+
+def _module_syntax_tree(module_name: str) -> ast.Module | None:
+    """The module's source, parsed and not run; None when there is no source to read, or when finding it would
+    import its package (find_spec does), which a plugin's entry point has imported already if they share one."""
+    package = module_name.rpartition(".")[0]
+    if package and package not in sys.modules:
+        return None
+    try:
+        spec = importlib.util.find_spec(module_name)
+        source = spec.loader.get_source(module_name) if spec and spec.loader else None
+        return ast.parse(source) if source else None
+    except (ImportError, ValueError, SyntaxError, OSError):
+        return None
 
 
 def split_distribution(distribution: str) -> tuple[str, str | None]:
@@ -101,6 +151,8 @@ def _default(f: dataclasses.Field) -> Any:
 
 
 def _jsonable(value: Any) -> Any:
+    if isinstance(value, enum.Enum):  # as Hydra reads and writes it
+        return value.name
     if value is None or isinstance(value, (bool, int, float, str)):
         return value
     if isinstance(value, (list, tuple)):

@@ -50,8 +50,8 @@ def test_table_writes_each_option_as_the_override_that_sets_it(clean_environment
     assert main(["plugins", "--kind", "loss", "--kind", "reward"]) == 0
     out = capsys.readouterr().out
     lines = out.splitlines()
-    assert lines[0].split() == ["KIND", "NAME", "DISTRIBUTION", "VERSION"]
-    assert any(line.split() == ["loss", "dapo", "grpo-kit-losses", "0.1.0"] for line in lines)
+    assert lines[0].split() == ["KIND", "NAME", "DISTRIBUTION", "VERSION", "DESCRIPTION"]
+    assert any(line.split()[:4] == ["loss", "dapo", "grpo-kit-losses", "0.1.0"] for line in lines)
     (epsilon_high,) = [line for line in lines if line.strip().startswith("loss.epsilon_high=null")][:1]
     assert "float | None" in epsilon_high and "upper clip; None uses epsilon" in epsilon_high
     assert "reward.accuracy.solution_column=solution" in out  # rewards are set under reward.NAME.

@@ -4,8 +4,10 @@ as CI does)."""
 
 import json
 import math
+import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -17,6 +19,7 @@ from grpo_kit.testing import tiny_run
 pytest.importorskip("grpo_kit_example", reason="the example plugin is not installed: pip install docs/plugins/example")
 
 EXAMPLE = "grpo-kit-example"
+ROOT = Path(__file__).parents[1]
 
 
 def test_grpo_kit_plugins_lists_it_beside_the_built_ins(registry):  # registry: no GRPO_KIT_* variables
@@ -28,6 +31,18 @@ def test_grpo_kit_plugins_lists_it_beside_the_built_ins(registry):  # registry: 
     assert distributions["advantage", "gpg"] == EXAMPLE
     assert distributions["reward", "regex_format"] == EXAMPLE
     assert distributions["loss", "dapo"] == "grpo-kit-losses"
+
+
+def test_its_readme_lists_every_plugin_it_registers(registry):
+    readme = (ROOT / "docs/plugins/example/README.md").read_text()
+    listed = set(re.findall(r"^\| (\w+) \| `(\w+)` \|", readme, re.MULTILINE))
+    registered = {
+        (kind, plugin.name)
+        for kind in registry.kinds()
+        for plugin in registry.plugins(kind)
+        if plugin.distribution.split()[0] == EXAMPLE
+    }
+    assert len(registered) == 4 and listed == registered
 
 
 def test_its_loss_and_advantage_train_a_tiny_model(registry, tiny_model, tmp_path):

@@ -45,16 +45,24 @@ class RolloutCorrection:
 
 
 class TokenTruncate(RolloutCorrection):
+    """token_truncate: each token's ratio pi_old / pi_sampler, clamped into [min, max]."""
+
     level, masks = "token", False
 
 
 class TokenMask(RolloutCorrection):
+    """token_mask: each token's ratio pi_old / pi_sampler, set to 0 where it falls outside [min, max]."""
+
     level, masks = "token", True
 
 
 class SequenceTruncate(RolloutCorrection):
+    """sequence_truncate: one ratio per sequence, the product of its tokens' ratios, clamped into [min, max]."""
+
     level, masks = "sequence", False
 
 
 class SequenceMask(RolloutCorrection):
+    """sequence_mask: one ratio per sequence, the product of its tokens' ratios, set to 0 outside [min, max]."""
+
     level, masks = "sequence", True

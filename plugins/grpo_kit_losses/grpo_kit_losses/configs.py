@@ -21,13 +21,15 @@ class CISPOConfig:
 
 @dataclass
 class SAPOConfig:
-    temperature_pos: float = 1.0
-    temperature_neg: float = 1.05
+    # The gate is sigmoid(tau * (r - 1)) * 4 / tau: a larger temperature tau fades it faster as r leaves 1.
+    temperature_pos: float = 1.0  # tau where the advantage is positive
+    temperature_neg: float = 1.05  # tau where the advantage is zero or negative; SAPO makes it the larger (sharper)
 
 
 @dataclass
 class VESPOConfig:
-    k_pos: float = 2.0
-    lambda_pos: float = 3.0
-    k_neg: float = 3.0
-    lambda_neg: float = 2.0
+    # phi(w) = exp(lambda) * w^k * exp(-lambda * w) scales each sequence by its importance weight w; phi(1) = 1.
+    k_pos: float = 2.0  # k where the advantage is >= 0: larger fades sequences with w < 1 faster
+    lambda_pos: float = 3.0  # lambda where the advantage is >= 0: larger fades sequences with w > 1 faster
+    k_neg: float = 3.0  # k where the advantage is negative
+    lambda_neg: float = 2.0  # lambda where the advantage is negative

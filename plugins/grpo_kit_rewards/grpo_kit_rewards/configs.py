@@ -34,14 +34,14 @@ class CosineScaledConfig(AccuracyConfig):
 
 @dataclass
 class RepetitionPenaltyConfig(RewardConfig):
-    ngram_size: int = 3
+    ngram_size: int = 3  # units per n-gram; a completion with fewer units scores 0.0
     max_penalty: float = -1.0  # the reward of a completion that is one n-gram repeated
     unit: str = "tokens"  # n-grams of "tokens" (TRL) or of lower-cased "words" (open-r1)
 
 
 @dataclass
 class SoftOverlongConfig(RewardConfig):
-    max_completion_len: int = II("generation.max_completion_length")
+    max_completion_len: int = II("generation.max_completion_length")  # tokens past which the penalty is -1
     soft_punish_cache: int | None = None  # tokens before max_completion_len where the penalty ramps; required
 
 
@@ -57,7 +57,7 @@ class PythonFunctionConfig(RewardConfig):
 @dataclass
 class RewardModelConfig(RewardConfig):
     path: str | None = None  # a Hugging Face model id or local folder (AutoModelForSequenceClassification); required
-    batch_size: int = 8
+    batch_size: int = 8  # texts scored per forward pass
     device: str = "auto"  # "auto": cuda when there is one, else cpu
     max_length: int | None = None  # tokens per text; None: no truncation
-    dtype: str = "auto"
+    dtype: str = "auto"  # the model's torch dtype (bfloat16, float32, ...); "auto": the checkpoint's

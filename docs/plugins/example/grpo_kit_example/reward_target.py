@@ -1,5 +1,7 @@
-"""reward_target: a hook plugin that writes a note to the run directory the first time the logged reward
-reaches a target, so a sweep can be read for "steps to reach 0.5" without scanning every metrics file."""
+"""reward_target: a hook plugin that notes the step at which the logged reward first reaches a target.
+
+The note goes into the run directory, so that a sweep can be read for "steps to reach 0.5" without scanning every
+metrics file."""
 
 import json
 
