@@ -1,10 +1,12 @@
 """Samples of what the policy writes, every few steps: samples.jsonl (all of them) and samples.html (the latest).
 
 Each recorded step adds the first `max_rows` completions of its generation batch, so whole groups of one prompt
-stand side by side, with each reward and the advantage they earned.
+stand side by side, with each reward and the advantage they earned, and (when the generation backend's tensors are
+handed over) each completion's length in tokens and whether max_completion_length cut it off.
 """
 
 import html
+import itertools
 import json
 import math
 import os
@@ -12,6 +14,8 @@ from collections import deque
 from pathlib import Path
 
 import torch
+
+from grpo_kit.kinds import Completions
 
 PAGE_STEPS = 20  # recorded steps the page shows, newest first
 
@@ -32,24 +36,26 @@ class SampleLog:
         rewards_per_func: torch.Tensor,  # (N, K), NaN where a reward had no opinion
         reward_names: list[str],
         advantages: torch.Tensor,  # (N,)
+        generated: Completions | None = None,  # the same N completions as tensors: their lengths and truncation
     ) -> None:
         if step % self.every:
             return
+        shown = slice(self.max_rows)
         rows = [
-            {
-                "step": step,
-                "prompt": prompt,
-                "completion": completion,
+            {"step": step, "prompt": prompt, "completion": completion}
+            for prompt, completion in zip(prompts[shown], completions[shown])
+        ]
+        if generated is not None:
+            # Every token of the completion, tool results included: max_completion_length counts them all, so this
+            # is the length to read next to `truncated`.
+            lengths = generated.completion_mask[shown].sum(dim=1).tolist()
+            for row, length, truncated in zip(rows, lengths, generated.is_truncated[shown].tolist()):
+                row |= {"completion_tokens": int(length), "truncated": bool(truncated)}
+        for row, rewards, advantage in zip(rows, rewards_per_func[shown].tolist(), advantages[shown].tolist()):
+            row |= {
                 "rewards": {name: _number(value) for name, value in zip(reward_names, rewards)},
                 "advantage": _number(advantage),
             }
-            for prompt, completion, rewards, advantage in zip(
-                prompts[: self.max_rows],
-                completions[: self.max_rows],
-                rewards_per_func[: self.max_rows].tolist(),
-                advantages[: self.max_rows].tolist(),
-            )
-        ]
         with self.jsonl_path.open("a", encoding="utf-8") as file:
             file.writelines(json.dumps(row, ensure_ascii=False) + "\n" for row in rows)
         self.recent.appendleft(rows)
@@ -63,16 +69,19 @@ def _number(value: float) -> float | None:
     return None if math.isnan(value) else value  # JSON has no NaN
 
 
-def _page(tables) -> str:
-    body = "\n".join(_table(rows) for rows in tables if rows)
+def _page(steps) -> str:
+    body = "\n".join(_step(rows) for rows in steps if rows)
     return f"""<!DOCTYPE html>
 <html><head><meta charset="utf-8"><title>grpo_kit samples</title>
 <style>
 body {{ font-family: sans-serif; margin: 1em; }}
-table {{ border-collapse: collapse; margin-bottom: 2em; }}
+div.group {{ margin: 0 0 1.5em 1em; }}
+div.prompt {{ white-space: pre-wrap; font-family: monospace; background: #f3f3f3; padding: 4px 8px; max-width: 60em; }}
+table {{ border-collapse: collapse; }}
 th, td {{ border: 1px solid #ccc; padding: 4px 8px; vertical-align: top; }}
 td.text {{ white-space: pre-wrap; font-family: monospace; max-width: 40em; }}
 td.number {{ text-align: right; }}
+tr.truncated td.flag {{ color: #b00; font-weight: bold; }}
 </style></head><body>
 <h1>grpo_kit samples</h1>
 {body}
@@ -80,16 +89,34 @@ td.number {{ text-align: right; }}
 """
 
 
-def _table(rows: list[dict]) -> str:
+def _step(rows: list[dict]) -> str:
+    # A group's completions are adjacent in the batch; one block per prompt shows them against each other, which
+    # is what their advantages are relative to.
+    groups = [list(group) for _, group in itertools.groupby(rows, key=lambda row: _text(row["prompt"]))]
+    return f"<h2>step {rows[0]['step']}</h2>\n" + "\n".join(_group(group) for group in groups)
+
+
+def _group(rows: list[dict]) -> str:
     names = list(rows[0]["rewards"])
-    head = "".join(f"<th>{html.escape(name)}</th>" for name in ["prompt", "completion", *names, "advantage"])
+    has_lengths = "completion_tokens" in rows[0]
+    columns = ["completion", *(["tokens", "truncated"] if has_lengths else []), *names, "advantage"]
+    head = "".join(f"<th>{html.escape(name)}</th>" for name in columns)
     lines = []
     for row in rows:
-        cells = [f'<td class="text">{html.escape(_text(row[key]))}</td>' for key in ("prompt", "completion")]
+        cells = [f'<td class="text">{html.escape(_text(row["completion"]))}</td>']
+        if has_lengths:
+            cells.append(f'<td class="number">{row["completion_tokens"]}</td>')
+            cells.append(f'<td class="flag">{"yes" if row["truncated"] else "no"}</td>')
         cells += [f'<td class="number">{_shown(row["rewards"][name])}</td>' for name in names]
         cells.append(f'<td class="number">{_shown(row["advantage"])}</td>')
-        lines.append(f"<tr>{''.join(cells)}</tr>")
-    return f"<h2>step {rows[0]['step']}</h2>\n<table><tr>{head}</tr>\n" + "\n".join(lines) + "\n</table>"
+        truncated = ' class="truncated"' if row.get("truncated") else ""
+        lines.append(f"<tr{truncated}>{''.join(cells)}</tr>")
+    prompt = html.escape(_text(rows[0]["prompt"]))
+    return (
+        f'<div class="group">\n<div class="prompt">{prompt}</div>\n<table><tr>{head}</tr>\n'
+        + "\n".join(lines)
+        + "\n</table></div>"
+    )
 
 
 def _text(value) -> str:

@@ -16,7 +16,7 @@ from omegaconf import OmegaConf
 from grpo_kit.report import ReportError, final_reward, main, write_report
 from grpo_kit.report.callback import ReportCallback
 from grpo_kit.report.collect import find_runs
-from grpo_kit.report.plots import FIGURES, _curve, moving_average
+from grpo_kit.report.plots import FIGURES, _curve, draw_figures, moving_average
 from grpo_kit.report.tables import group_variants
 
 STEPS = 20  # the final reward is the mean of the last 20 // 10 = 2 steps
@@ -145,6 +145,7 @@ def test_report_md_and_figures(sweep):
     assert "Every run had: `+reward=accuracy`" in report
     assert "| `+loss=dapo` | 0.645 ± 0.071 |" in report
     assert "![Reward](reward.png)" in report
+    assert "Not drawn, zero at every logged step of every run: `cispo_clip_ratio`." in report
     assert "RuntimeError: reward server went away (the traceback is in `5/error.txt`)" in report
 
 
@@ -154,6 +155,64 @@ def test_clip_figure_takes_each_losss_own_clip_ratio(sweep):
     metrics = {variant.label: _curve(variant, clip.metrics).metric for variant in variants}
     assert metrics == {"+loss=grpo": "clip_ratio/region_mean", "+loss=dapo": "clip_ratio/region_mean",
                        "+loss=cispo": "cispo_clip_ratio"}
+
+
+def step_figures(figures):
+    """The axes of each figure drawn over the optimizer steps: every one but the final reward's."""
+    return {name: fig.axes[0] for name, fig in figures.drawn.items() if name != "final_reward.png"}
+
+
+def test_step_axes_tick_whole_steps(tmp_path):
+    write_run(tmp_path / "0", "dapo", 0, steps=3, max_steps=3)  # so short that matplotlib would tick 0.5, 1.0, ...
+    axes = step_figures(draw_figures(group_variants(find_runs(tmp_path))[0]))
+    assert {"reward.png", "kl.png"} <= set(axes)
+    for name, ax in axes.items():
+        ticks = ax.get_xticks()
+        assert len(ticks) > 1 and all(float(tick).is_integer() for tick in ticks), (name, ticks)
+
+
+def test_sparse_curves_have_markers_and_every_figure_says_how_many_seeds(sweep):
+    figures = draw_figures(group_variants(find_runs(sweep))[0])
+    axes = step_figures(figures)
+    assert {line.get_marker() for line in axes["eval_reward.png"].get_lines()} == {"o"}  # 5 evaluations
+    assert {line.get_marker() for line in axes["reward.png"].get_lines()} == {"None"}  # 20 steps
+    for name, ax in axes.items():
+        assert "2 seeds each" in ax.get_title(loc="left"), name  # cispo's failed run drew its 3 steps
+        assert all("(n=2)" in text.get_text() for text in ax.get_legend().get_texts()), name
+    final = figures.drawn["final_reward.png"].axes[0]
+    assert "1-2 seeds per variant" in final.get_title(loc="left")  # only completed runs have a final reward
+    assert [label.get_text() for label in final.get_yticklabels()] == [
+        "+loss=cispo  (n=1)", "+loss=grpo  (n=2)", "+loss=dapo  (n=2)"
+    ]
+
+
+def test_final_reward_axis_spans_the_whole_reward_range(sweep):
+    final = draw_figures(group_variants(find_runs(sweep))[0]).drawn["final_reward.png"].axes[0]
+    low, high = final.get_xlim()
+    assert low <= 0.0 and high >= 1.0  # the finals lie in 0.29-0.70: zoomed to them, seed noise would look a gap
+
+
+def test_a_metric_zero_at_every_step_is_not_drawn(sweep):
+    figures = draw_figures(group_variants(find_runs(sweep))[0])
+    assert figures.all_zero == ["cispo_clip_ratio"]  # the other clip ratio is 0.01: its figure stays
+    legend = [text.get_text() for text in figures.drawn["clip_ratio.png"].axes[0].get_legend().get_texts()]
+    assert not any("cispo" in text for text in legend)  # report.md names it: test_report_md_and_figures
+
+    metrics = '{"step": 1, "reward": 0.0, "kl": 0.0, "entropy": 0.5}\n{"step": 2, "reward": 0.0, "kl": null}\n'
+    (sweep / "2" / "metrics.jsonl").write_text(metrics)
+    figures = draw_figures(group_variants(find_runs(sweep / "2"))[0])
+    assert figures.all_zero == ["reward", "kl"]  # a null is no value, not a non-zero one
+    assert list(figures.drawn) == ["entropy.png"]  # no final reward figure either: it would be a dot at zero
+
+
+def test_wall_time_is_said_to_depend_on_machine_load_and_runs_link_their_samples(sweep):
+    (sweep / "0" / "samples.html").write_text("<html></html>")
+    write_report(sweep, plots=False)
+    report = (sweep / "report.md").read_text()
+    assert report.count("Wall time and tokens/s depend on the machine and its load") == 2  # variants and runs
+    rows = {line.split(" | ")[0]: line for line in report.splitlines() if line.startswith("| ")}
+    assert rows["| 0"].endswith("| [samples](0/samples.html) |")
+    assert rows["| 1"].endswith("| 128 |  |")
 
 
 def test_a_sparse_metric_is_a_curve_through_the_steps_that_logged_it(sweep):

@@ -13,6 +13,10 @@ import pytest
 import yaml
 
 from grpo_kit.report import ReportError, main, write_report
+from grpo_kit.report.collect import find_runs
+from grpo_kit.report.paired import compare
+from grpo_kit.report.paired_plots import draw_paired_figures
+from grpo_kit.report.tables import group_variants
 
 STEPS = 8  # the last quarter: steps 7 and 8
 REPLAY = "outputs/recorded"
@@ -135,6 +139,33 @@ def test_paired_figures(sweep):
     assert "![clip_ratio/region_mean: difference vs the baseline](paired_clip_ratio_region_mean.png)" in (
         sweep / "report.md"
     ).read_text()
+
+
+def test_paired_figures_tick_whole_steps_mark_their_points_and_say_how_many_seeds(sweep):
+    variants, _ = group_variants(find_runs(sweep))
+    figures = draw_paired_figures(compare(variants, "loss=grpo"), variants)
+    for name, fig in figures.items():
+        ax = fig.axes[0]
+        assert all(float(tick).is_integer() for tick in ax.get_xticks()), name
+        differences = [line for line in ax.get_lines() if "baseline" not in line.get_label()]
+        assert {line.get_marker() for line in differences} == {"o"}, name  # 8 steps or fewer: sparse
+    entropy = figures["paired_entropy.png"].axes[0]
+    assert "2-3 seeds per variant" in entropy.get_title(loc="left")  # cispo's seed 5 has no baseline run
+    legend = [text.get_text() for text in entropy.get_legend().get_texts()]
+    assert legend == ["+loss=grpo (baseline)", "+loss=dapo  (n=3)", "+loss=cispo  (n=2)"]
+
+
+def test_a_metric_no_variant_changed_has_no_figure(sweep):
+    for metrics in sweep.glob("*/metrics.jsonl"):
+        lines = [json.loads(line) for line in metrics.read_text().splitlines()]
+        metrics.write_text("".join(json.dumps(line | {"grad_norm": 2.0}) + "\n" for line in lines))
+    variants, _ = group_variants(find_runs(sweep))
+    figures = draw_paired_figures(compare(variants, "loss=grpo"), variants)
+    assert "paired_grad_norm.png" not in figures and "paired_loss.png" in figures
+    write_report(sweep, plots=False, baseline="loss=grpo")
+    report = (sweep / "report.md").read_text()
+    assert "The same as the baseline's at every paired step, for every variant (no figure): `grad_norm`." in report
+    assert "| `+loss=dapo` | grad_norm | +0 ± 0 | +0 ± 0 | 3 |" in report  # still in the table
 
 
 def test_baseline_option_of_the_command(sweep, capsys):

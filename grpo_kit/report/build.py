@@ -38,7 +38,7 @@ def write_report(sweep_dir: Path, plots: bool = True, baseline: str | None = Non
     if comparison is not None:
         written.append(tables.write_csv(sweep_dir / "paired.csv", comparison.rows(), paired.COLUMNS))
 
-    figures, paired_figures, notes = [], [], []
+    figures, paired_figures, notes, all_zero = [], [], [], []
     if plots:
         try:
             import matplotlib  # noqa: F401  only the figures need it, and it is an optional dependency
@@ -48,7 +48,7 @@ def write_report(sweep_dir: Path, plots: bool = True, baseline: str | None = Non
         else:
             from grpo_kit.report.plots import write_plots
 
-            figures = write_plots(variants, sweep_dir, subtitle=sweep_name(sweep_dir))
+            figures, all_zero = write_plots(variants, sweep_dir, subtitle=sweep_name(sweep_dir))
             if comparison is not None:
                 from grpo_kit.report.paired_plots import write_paired_plots
 
@@ -56,7 +56,7 @@ def write_report(sweep_dir: Path, plots: bool = True, baseline: str | None = Non
 
     report = sweep_dir / "report.md"
     text = markdown.render(
-        sweep_dir, sweep_name(sweep_dir), variants, shared, run_rows, variant_rows, figures, notes,
+        sweep_dir, sweep_name(sweep_dir), variants, shared, run_rows, variant_rows, figures, all_zero, notes,
         comparison, paired_figures,
     )
     report.write_text(text)

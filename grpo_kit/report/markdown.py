@@ -2,12 +2,17 @@
 
 import math
 from pathlib import Path
+from urllib.parse import quote
 
 import yaml
 
 from grpo_kit.report.paired import PairedComparison, figure_name
 from grpo_kit.report.tables import Variant
 
+MACHINE_LOAD = (
+    "Wall time and tokens/s depend on the machine and its load at the time: compare them only between runs that "
+    "ran on the same machine under the same load."
+)
 FIGURE_TITLES = {
     "final_reward.png": "Final reward per variant",
     "reward.png": "Reward",
@@ -27,6 +32,7 @@ def render(
     run_rows: list[dict],
     variant_rows: list[dict],
     figures: list[Path],
+    all_zero: list[str],
     notes: list[str],
     paired: PairedComparison | None,
     paired_figures: list[Path],
@@ -50,11 +56,12 @@ def render(
         (
             "Final reward: the mean reward of the last tenth of a run's logged steps. Best: the highest reward of "
             "one step. Mean ± std over the variant's completed runs (its seeds). Wall time: the training steps "
-            "only. Tokens/s: generated completion tokens per second of training, on one process. Eval reward: "
-            "the reward on the eval set at the last evaluation, when the runs had one."
+            "only. Tokens/s: generated completion tokens per second of training, on one process. "
+            f"{MACHINE_LOAD} Eval reward: the reward on the eval set at the last evaluation, when the runs had one."
         ),
         "",
-        "| variant | final reward | best reward | eval reward | runs (ok / failed / incomplete) | wall time | tokens/s |",
+        "| variant | final reward | best reward | eval reward | runs (ok / failed / incomplete) | wall time "
+        "| tokens/s |",
         "|---|---|---|---|---|---|---|",
     ]
     for row in variant_rows:
@@ -67,27 +74,35 @@ def render(
             f"| {_pm(row['tokens_per_s_mean'], row['tokens_per_s_std'], '.0f')} |"
         )
 
-    if figures:
+    if figures or all_zero:
         lines += ["", "## Figures"]
+        if all_zero:
+            left_out = ", ".join(f"`{metric}`" for metric in all_zero)
+            lines += ["", f"Not drawn, zero at every logged step of every run: {left_out}."]
         for path in figures:
             lines += ["", f"![{FIGURE_TITLES.get(path.name, path.stem)}]({path.name})"]
 
     if paired is not None:
         lines += _paired_section(paired, paired_figures)
 
+    run_of = {run.name: run for variant in variants for run in variant.runs}
     lines += [
         "",
         "## Runs",
         "",
-        "| run | variant | seed | status | final reward | best reward | eval reward | steps | wall time | tokens/s |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        f"{MACHINE_LOAD} Samples: the completions the run wrote, every `trainer.sample_every` steps.",
+        "",
+        "| run | variant | seed | status | final reward | best reward | eval reward | steps | wall time | tokens/s "
+        "| samples |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row in run_rows:
         lines.append(
             f"| {row['run']} | {_cell(row['variant'])} | {row['seed'] if row['seed'] is not None else ''} "
             f"| {row['status']} | {_number(row['final_reward'], '.3f')} | {_number(row['best_reward'], '.3f')} "
             f"| {_number(row['eval_reward'], '.3f')} "
-            f"| {row['steps']} | {_duration(row['wall_time_s'])} | {_number(row['tokens_per_s'], '.0f')} |"
+            f"| {row['steps']} | {_duration(row['wall_time_s'])} | {_number(row['tokens_per_s'], '.0f')} "
+            f"| {_samples_link(run_of[row['run']])} |"
         )
 
     unfinished = [run for variant in variants for run in variant.runs if run.status != "ok"]
@@ -128,6 +143,9 @@ def _paired_section(paired: PairedComparison, figures: list[Path]) -> list[str]:
         ]
     elif paired.differences:
         lines.append("Reward is the same as the baseline's at every paired step, as frozen rollouts make it.")
+    if paired.unchanged:
+        unchanged = ", ".join(f"`{metric}`" for metric in paired.unchanged)
+        lines += ["", f"The same as the baseline's at every paired step, for every variant (no figure): {unchanged}."]
     if paired.unpaired:
         unpaired = ", ".join(_cell(label) for label in paired.unpaired)
         lines += ["", f"Not compared, no seed on the baseline's rollouts: {unpaired}."]
@@ -158,6 +176,14 @@ def _optuna_result(sweep_dir: Path) -> list[str]:
         return []
     params = " ".join(f"{name}={value}" for name, value in result["best_params"].items())
     return ["", f"Optuna's best trial: `{params}`, final reward {_number(result.get('best_value'), '.3f')}."]
+
+
+def _samples_link(run) -> str:
+    """A link to the run's samples.html, relative to report.md (beside the run folders), when the run wrote one."""
+    if not (run.directory / "samples.html").is_file():
+        return ""
+    target = "samples.html" if run.name == "." else f"{run.name}/samples.html"
+    return f"[samples]({quote(target)})"
 
 
 def _pm(mean: float, std: float, spec: str) -> str:

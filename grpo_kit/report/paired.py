@@ -18,7 +18,9 @@ from grpo_kit.report.tables import Variant, mean_and_std
 
 # What the objective can change under replay: its own metrics and what the policy does on the eval set, not the
 # rollouts' (reward, lengths). Of the eval metrics, the two a person reads: the others repeat them.
-COMPARED = ("loss", "kl", "entropy", "clip_ratio/*", "*_clip_ratio", "grad_norm", "eval/reward", "eval/completions/mean_length")
+COMPARED = (
+    "loss", "kl", "entropy", "clip_ratio/*", "*_clip_ratio", "grad_norm", "eval/reward", "eval/completions/mean_length"
+)
 COLUMNS = ["variant", "metric", "step", "mean_diff", "std_diff", "n_seeds"]
 
 
@@ -67,6 +69,21 @@ class PairedComparison:
     @property
     def metrics(self) -> list[str]:
         return list(dict.fromkeys(difference.metric for difference in self.differences))
+
+    @property
+    def unchanged(self) -> list[str]:
+        """The metrics that every variant logged exactly as the baseline did, at every paired step."""
+        return [
+            metric
+            for metric in self.metrics
+            if all(
+                value == 0.0
+                for difference in self.differences
+                if difference.metric == metric
+                for values in difference.by_pair.values()
+                for value in values.values()
+            )
+        ]
 
     def rows(self) -> list[dict]:
         """paired.csv: per variant, metric and step, the mean and std over seeds of the difference."""
