@@ -652,7 +652,8 @@ def sampler_mismatch(micro_batches: list[dict], accelerator) -> dict[str, float]
 
 def sample_columns(rollout):
     scored, advantages = rollout.last
-    return scored.prompts, scored.completions, scored.rewards_per_func, list(rollout.scorer.rewards), advantages
+    names = list(rollout.scorer.rewards)
+    return scored.prompts, scored.completions, scored.rewards_per_func, names, advantages, scored.generated
 
 
 def summarise(window: dict[str, list[float]], step: int, accumulation: int, learning_rate: float) -> dict:

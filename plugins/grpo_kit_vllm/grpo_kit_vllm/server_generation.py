@@ -218,7 +218,7 @@ class VLLMServerGeneration:
                 send(self.group, tensors)
             except RuntimeError as error:  # the other end went away mid-broadcast
                 raise GenerationUnavailable(
-                    f"Sending weights to the vLLM server at {self.config.base_url} failed: {error}"
+                    f"The vLLM server at {self.config.base_url} stopped answering while it received weights: {error}"
                 ) from None
             receiving.result()
         finally:
