@@ -26,3 +26,7 @@ class RewardError(UserError):
 
 class GenerationUnavailable(UserError):
     """The generation backend stopped answering; the run saves a checkpoint and says how to resume."""
+
+
+class ReportError(ValueError):
+    """A directory, or an option, the report cannot be made of; the message says what to give instead."""

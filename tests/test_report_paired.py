@@ -12,7 +12,8 @@ import statistics
 import pytest
 import yaml
 
-from grpo_kit.report import ReportError, main, write_report
+from grpo_kit.errors import ReportError
+from grpo_kit.report import main, write_report
 from grpo_kit.report.collect import find_runs
 from grpo_kit.report.paired import compare
 from grpo_kit.report.paired_plots import draw_paired_figures

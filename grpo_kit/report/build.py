@@ -3,9 +3,9 @@
 import logging
 from pathlib import Path
 
+from grpo_kit.errors import ReportError
 from grpo_kit.report import markdown, paired, tables
 from grpo_kit.report.collect import find_runs
-from grpo_kit.report.errors import ReportError
 
 log = logging.getLogger(__name__)
 

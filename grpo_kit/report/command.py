@@ -26,7 +26,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def report_command(args: argparse.Namespace) -> int:
-    from grpo_kit.report.build import ReportError, write_report
+    from grpo_kit.errors import ReportError
+    from grpo_kit.report.build import write_report
 
     try:
         written = write_report(args.directory, plots=not args.no_plots, baseline=args.baseline)

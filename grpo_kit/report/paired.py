@@ -12,8 +12,8 @@ import math
 import statistics
 from dataclasses import dataclass
 
+from grpo_kit.errors import ReportError
 from grpo_kit.report.collect import Run
-from grpo_kit.report.errors import ReportError
 from grpo_kit.report.tables import Variant, mean_and_std
 
 # What the objective can change under replay: its own metrics and what the policy does on the eval set, not the
