@@ -1,4 +1,5 @@
-"""The training loop, top to bottom: rollout, objective, optimizer step, log, save.
+"""The training loop, top to bottom: `train` is `setup`, then for each optimizer step `train_step` (rollout,
+objective, optimizer step) and `end_of_step` (log, eval, save, stop), then the final model.
 
 Batch sizes follow TRL's GRPOTrainer. A micro-batch holds `per_device_train_batch_size` completions; an
 optimizer step accumulates `gradient_accumulation_steps` micro-batches; a generation batch holds
@@ -74,9 +75,34 @@ log = logging.getLogger(__name__)
 
 def train(cfg: DictConfig, run_dir: str | Path, registry: Registry | None = None) -> Path:
     """Train as `cfg` says; the run directory receives config.yaml, metrics.jsonl and the final model."""
-    registry = registry or Registry()
+    state = setup(cfg, Path(run_dir), registry or Registry())
+    outputs, stop = state.outputs, state.outputs.stop
+    try:
+        outputs.hooks.on_train_start(run=state.run)
+        if outputs.evaluator is not None and state.cfg.eval.on_start and state.step == 0:
+            state.optimization.model.eval()
+            outputs.hooks.on_log(run=state.run, step=0, metrics={"step": 0, **outputs.evaluator(0)})
+        for step in range(state.step + 1, state.run.max_steps + 1):
+            started = time.perf_counter()
+            finite, grad_norm = train_step(state, step)
+            end_of_step(state, step, finite, grad_norm, started)
+            if stop.reason:
+                log.warning("Stopped by %s after step %d: resume with trainer.resume=auto", stop.reason.value, step)
+                break
+        if state.cfg.trainer.save_model and not stop.reason:
+            save_model(state)
+        outputs.hooks.on_train_end(run=state.run)
+    finally:
+        outputs.close()
+    if state.accelerator.is_main_process:
+        log.info("Done: %s, %s", state.run_dir.resolve(), outcome(state.run_dir))
+    return state.run_dir
+
+
+def setup(cfg: DictConfig, run_dir: Path, registry: Registry) -> "TrainState":
+    """Everything the loop needs, checked before the model is loaded where it can be; resumed from a checkpoint
+    when `trainer.resume` finds one. The returned state's outputs must be closed however the run ends."""
     cfg = complete(cfg, registry)
-    run_dir = Path(run_dir)
     checkpoint = claim_run_directory(run_dir, cfg.trainer.resume)  # refuses before anything is written
     if cfg.trainer.resume and checkpoint is None:
         log.info("No checkpoint in %s: starting from step 0", run_dir)
@@ -114,7 +140,7 @@ def train(cfg: DictConfig, run_dir: str | Path, registry: Registry | None = None
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "error.txt").unlink(missing_ok=True)  # left by an attempt that failed before this one
         (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
-        write_or_compare(run_dir, registry, cfg)
+        write_or_compare(run_dir, registry, cfg)  # the run lock: the plugins' versions, refused if they changed
     set_seed(cfg.seed)
 
     model, tokenizer = load_model(cfg.model)
@@ -156,18 +182,20 @@ def train(cfg: DictConfig, run_dir: str | Path, registry: Registry | None = None
         off_policy=t.gradient_accumulation_steps % (steps_per_generation * algo.num_iterations) != 0,
     )
 
-    pm = registry.plugin_manager
     console = ConsoleLogger()
-    run_plugins = [JsonlLogger(), console, *([TrackerLogger()] if trackers else []), *hook_plugins]
     scorer = Scorer(rewards, timeout=t.reward_timeout, workers=t.reward_workers)
-    stop = StopRequest()
-    generation_started = False
+    outputs = SideOutputs(
+        registry.plugin_manager,
+        [JsonlLogger(), console, *([TrackerLogger()] if trackers else []), *hook_plugins],
+        console,
+        scorer,
+        StopRequest(),
+    )
     try:
         generation.start(model, tokenizer, accelerator)
-        generation_started = True  # from here on it is closed however the run ends
-        for plugin in run_plugins:
-            pm.register(plugin)
-        hooks = pm.hook
+        outputs.generation = generation  # from here on it is closed however the run ends
+        for plugin in outputs.plugins:
+            outputs.plugin_manager.register(plugin)
         rollout = Rollout(
             sampler,
             generation,
@@ -177,7 +205,7 @@ def train(cfg: DictConfig, run_dir: str | Path, registry: Registry | None = None
             tokenizer,
             num_generations,
             algo.mask_truncated_completions,
-            hooks,
+            outputs.hooks,
             accelerator,
             with_logprobs=references.wants_sampling_logps,
             replay=replay,
@@ -195,6 +223,19 @@ def train(cfg: DictConfig, run_dir: str | Path, registry: Registry | None = None
             recorder=rollout.recorder,
             config=OmegaConf.to_container(cfg, resolve=True),
             accelerator=accelerator,
+            cfg=cfg,
+            run_dir=run_dir,
+            run=Run(cfg, run_dir, accelerator, model, tokenizer, max_steps),
+            rollout=rollout,
+            references=references,
+            optimization=optimization,
+            generation=generation,
+            split_batch=functools.partial(
+                split, steps_per_generation=steps_per_generation, accumulation=t.gradient_accumulation_steps,
+                by_length=by_length,
+            ),
+            prompts_per_generation=prompts_per_generation,
+            outputs=outputs,
         )
         if checkpoint is not None:
             saved = load_checkpoint(checkpoint)
@@ -204,121 +245,113 @@ def train(cfg: DictConfig, run_dir: str | Path, registry: Registry | None = None
             restore_run_files(checkpoint, run_dir)
             state.load_state_dict(saved)  # the last setup step: it restores the random generators too
             generation.update_weights(model, state.step)
+            state.run.start_step = state.step
             log.info("Resuming from %s (step %d)", checkpoint, state.step)
-        evaluator = None
         if eval_prompts is not None:
-            evaluator = Evaluator(eval_prompts, rollout, cfg.eval, cfg.seed, max_steps, accelerator)
-        samples = None
+            outputs.evaluator = Evaluator(eval_prompts, rollout, cfg.eval, cfg.seed, max_steps, accelerator)
         if t.sample_every > 0 and accelerator.is_main_process:
-            samples = SampleLog(run_dir, every=t.sample_every, max_rows=t.sample_rows)
-        run = Run(cfg, run_dir, accelerator, model, tokenizer, max_steps, state.step)
-        window = state.window
+            outputs.samples = SampleLog(run_dir, every=t.sample_every, max_rows=t.sample_rows)
+    except BaseException:
+        outputs.close()
+        raise
+    return state
 
-        hooks.on_train_start(run=run)
-        if evaluator is not None and cfg.eval.on_start and state.step == 0:
-            model.eval()
-            hooks.on_log(run=run, step=0, metrics={"step": 0, **evaluator(0)})
 
-        bad_steps, grad_norm = 0, math.nan
-        split_batch = functools.partial(
-            split, steps_per_generation=steps_per_generation, accumulation=t.gradient_accumulation_steps,
-            by_length=by_length,
-        )
-        for step in range(state.step + 1, max_steps + 1):
-            started = time.perf_counter()
-            model.train()
-            step_start = state.progress()  # where a generation backend that fails mid-step sends the run back
-            finite = True  # a non-finite loss anywhere in the step skips the whole optimizer step
-            try:
-                for index in range(t.gradient_accumulation_steps):
-                    if state.micro_step % (steps_per_generation * algo.num_iterations) == 0:
-                        model.eval()
-                        state.micro_batches, state.rollout_metrics = generate_batch(
-                            rollout, run, references, model, prompts_per_generation, accelerator, split_batch,
-                            moved=moves_before_use(state.micro_step, steps_per_generation, t.gradient_accumulation_steps),
-                        )
-                        model.train()
-                        if samples is not None:
-                            samples.record(step, *sample_columns(rollout))
-                    position = state.micro_step % steps_per_generation
-                    micro_batch = state.micro_batches[position]
-                    state.micro_step += 1
-                    for name, value in state.rollout_metrics.items():  # the generation batch it came from
-                        window[name].append(value)
-
-                    ends_step = index == t.gradient_accumulation_steps - 1
-                    out, finite, step_grad_norm = optimization.train_on(micro_batch, finite, ends_step)
-                    if references.off_policy and "old_per_token_logps" not in micro_batch:
-                        # Trained on before the policy moved: its log-probs are the old ones of the iterations to come.
-                        state.micro_batches[position] = micro_batch | {"old_per_token_logps": out.per_token_logps}
-                    if step_grad_norm is not None:
-                        grad_norm = step_grad_norm
-                    window["loss/micro"].append(accelerator.gather(out.loss.detach().reshape(1)).mean().item())
-                    for name, value in out.metrics.items():
-                        window[name].append(accelerator.gather(value).nanmean().item())
-            except GenerationUnavailable as error:  # the step is undone and the last whole one saved
-                state.rewind(step_start)
-                optimizer.zero_grad(set_to_none=True)
-                raise saved_and_stopped(error, state, run_dir, t.save_total_limit) from error
-            state.step = step
-            if algo.sync_ref_model and step % algo.ref_model_sync_steps == 0:
-                mix_into_sharded_reference(accelerator, model, reference, algo.ref_model_mixup_alpha)
-            try:
-                generation.update_weights(model, step)
-            except GenerationUnavailable as error:  # the step itself is whole: save it and stop
-                raise saved_and_stopped(error, state, run_dir, t.save_total_limit) from error
-
-            release_freed_memory()
-            bad_steps = 0 if finite else bad_steps + 1
-            if not finite:
-                log.warning("Step %d had a non-finite loss: skipping the step (%d in a row)", step, bad_steps)
-                if bad_steps >= t.max_bad_steps:
-                    stop.reason = stop.reason or StopReason.NON_FINITE_LOSSES
-            else:
-                window["grad_norm"].append(grad_norm)
-            window["seconds_per_step"].append(time.perf_counter() - started)
-            hooks.on_step_end(run=run, step=step, metrics={name: values[-1] for name, values in window.items()})
-            evaluated = {}
-            if evaluator is not None and evaluator.due(step):
+def train_step(state: "TrainState", step: int) -> tuple[bool, float]:
+    """One optimizer step, in the objective's order: generate -> score -> advantages -> old and reference
+    log-probs (a new generation batch, when the last one is used up), then for each micro-batch forward -> loss ->
+    backward, then the optimizer step. Returns whether every loss of the step was finite, and the gradient norm."""
+    cfg, model, window = state.cfg, state.optimization.model, state.window
+    t, algo = cfg.trainer, cfg.algorithm
+    steps_per_generation = state.optimization.steps_per_generation
+    model.train()
+    step_start = state.progress()  # where a generation backend that fails mid-step sends the run back
+    finite, grad_norm = True, math.nan  # a non-finite loss anywhere in the step skips the whole optimizer step
+    try:
+        for index in range(t.gradient_accumulation_steps):
+            if state.micro_step % (steps_per_generation * algo.num_iterations) == 0:
                 model.eval()
-                try:
-                    evaluated = evaluator(step)
-                except GenerationUnavailable as error:
-                    raise saved_and_stopped(error, state, run_dir, t.save_total_limit) from error
-            if step % t.logging_steps == 0 or step == max_steps or evaluated:
-                logged = summarise(window, step, t.gradient_accumulation_steps, scheduler.get_last_lr()[0])
-                window.clear()
-                hooks.on_log(run=run, step=step, metrics=logged | evaluated)
-            if (t.save_steps and step % t.save_steps == 0) or step == max_steps or stop.reason:
-                save_step(state, run_dir, t.save_total_limit)
-            if stop.reason is StopReason.NON_FINITE_LOSSES:
-                raise RuntimeError(
-                    f"{bad_steps} steps in a row had a non-finite loss, so the run stopped after saving a checkpoint "
-                    f"at step {step}. Lower trainer.learning_rate or check the rewards, then resume with "
-                    "trainer.resume=auto."
+                state.micro_batches, state.rollout_metrics = generate_batch(
+                    state.rollout, state.run, state.references, model, state.prompts_per_generation,
+                    state.accelerator, state.split_batch,
+                    moved=moves_before_use(state.micro_step, steps_per_generation, t.gradient_accumulation_steps),
                 )
-            if stop.reason:
-                log.warning("Stopped by %s after step %d: resume with trainer.resume=auto", stop.reason.value, step)
-                break
-        if t.save_model and not stop.reason:
-            weights = accelerator.get_state_dict(model)  # every process: FSDP and ZeRO-3 gather the whole weights
-            if accelerator.is_main_process:
-                accelerator.unwrap_model(model).save_pretrained(run_dir / "model", state_dict=weights)
-                tokenizer.save_pretrained(run_dir / "model")
-                hooks.on_save(run=run, directory=run_dir / "model")
-        hooks.on_train_end(run=run)
-    finally:
-        if generation_started:
-            generation.close()
-        stop.restore()
-        console.close()
-        scorer.close()
-        for plugin in run_plugins:
-            if pm.is_registered(plugin):
-                pm.unregister(plugin)
+                model.train()
+                if state.outputs.samples is not None:
+                    state.outputs.samples.record(step, *sample_columns(state.rollout))
+            position = state.micro_step % steps_per_generation
+            micro_batch = state.micro_batches[position]
+            state.micro_step += 1
+            for name, value in state.rollout_metrics.items():  # the generation batch it came from
+                window[name].append(value)
+
+            ends_step = index == t.gradient_accumulation_steps - 1
+            out, finite, step_grad_norm = state.optimization.train_on(micro_batch, finite, ends_step)
+            if state.references.off_policy and "old_per_token_logps" not in micro_batch:
+                # Trained on before the policy moved: its log-probs are the old ones of the iterations to come.
+                state.micro_batches[position] = micro_batch | {"old_per_token_logps": out.per_token_logps}
+            if step_grad_norm is not None:
+                grad_norm = step_grad_norm
+            window["loss/micro"].append(state.accelerator.gather(out.loss.detach().reshape(1)).mean().item())
+            for name, value in out.metrics.items():
+                window[name].append(state.accelerator.gather(value).nanmean().item())
+    except GenerationUnavailable as error:  # the step is undone and the last whole one saved
+        state.rewind(step_start)
+        state.optimizer.zero_grad(set_to_none=True)
+        raise saved_and_stopped(error, state) from error
+    state.step = step
+    if algo.sync_ref_model and step % algo.ref_model_sync_steps == 0:
+        mix_into_sharded_reference(state.accelerator, model, state.references.reference, algo.ref_model_mixup_alpha)
+    try:
+        state.generation.update_weights(model, step)
+    except GenerationUnavailable as error:  # the step itself is whole: save it and stop
+        raise saved_and_stopped(error, state) from error
+    return finite, grad_norm
+
+
+def end_of_step(state: "TrainState", step: int, finite: bool, grad_norm: float, started: float) -> None:
+    """The step's side outputs: the non-finite count, hooks, eval, the logged line, a checkpoint; sets
+    `state.outputs.stop.reason` when the run should stop, and raises after saving when losses stay non-finite."""
+    t, window, outputs, stop = state.cfg.trainer, state.window, state.outputs, state.outputs.stop
+    release_freed_memory()
+    state.bad_steps = 0 if finite else state.bad_steps + 1
+    if not finite:
+        log.warning("Step %d had a non-finite loss: skipping the step (%d in a row)", step, state.bad_steps)
+        if state.bad_steps >= t.max_bad_steps:
+            stop.reason = stop.reason or StopReason.NON_FINITE_LOSSES
+    else:
+        window["grad_norm"].append(grad_norm)
+    window["seconds_per_step"].append(time.perf_counter() - started)
+    outputs.hooks.on_step_end(run=state.run, step=step, metrics={name: values[-1] for name, values in window.items()})
+    evaluated = {}
+    if outputs.evaluator is not None and outputs.evaluator.due(step):
+        state.optimization.model.eval()
+        try:
+            evaluated = outputs.evaluator(step)
+        except GenerationUnavailable as error:
+            raise saved_and_stopped(error, state) from error
+    if step % t.logging_steps == 0 or step == state.run.max_steps or evaluated:
+        logged = summarise(window, step, t.gradient_accumulation_steps, state.scheduler.get_last_lr()[0])
+        window.clear()
+        outputs.hooks.on_log(run=state.run, step=step, metrics=logged | evaluated)
+    if (t.save_steps and step % t.save_steps == 0) or step == state.run.max_steps or stop.reason:
+        save_step(state)
+    if stop.reason is StopReason.NON_FINITE_LOSSES:
+        raise RuntimeError(
+            f"{state.bad_steps} steps in a row had a non-finite loss, so the run stopped after saving a checkpoint "
+            f"at step {step}. Lower trainer.learning_rate or check the rewards, then resume with "
+            "trainer.resume=auto."
+        )
+
+
+def save_model(state: "TrainState") -> None:
+    """The trained model and its tokenizer in RUN_DIR/model."""
+    model, accelerator, directory = state.optimization.model, state.accelerator, state.run_dir / "model"
+    weights = accelerator.get_state_dict(model)  # every process: FSDP and ZeRO-3 gather the whole weights
     if accelerator.is_main_process:
-        log.info("Done: %s, %s", run_dir.resolve(), outcome(run_dir))
-    return run_dir
+        accelerator.unwrap_model(model).save_pretrained(directory, state_dict=weights)
+        state.run.tokenizer.save_pretrained(directory)
+        state.outputs.hooks.on_save(run=state.run, directory=directory)
 
 
 def build_accelerator(t: DictConfig, run_dir: Path, trackers: list[str]) -> Accelerator:
@@ -459,6 +492,37 @@ class StopRequest:
 
 
 @dataclass
+class SideOutputs:
+    """What a run writes and listens to besides the core path, in one place; `close` ends them however the run
+    ends. The run lock (grpo_kit/lock.py) is written by `setup`, checkpoints by `save_step`, rollouts recorded and
+    replayed by the `Rollout`."""
+
+    plugin_manager: Any
+    plugins: list  # the metrics loggers (JSONL, console, trackers) and hook plugins, registered for the run
+    console: ConsoleLogger
+    scorer: Scorer  # its reward workers are stopped at the end
+    stop: StopRequest  # SIGINT or SIGTERM: save and stop after the step under way
+    generation: Any = None  # the generation backend, once started
+    evaluator: Evaluator | None = None  # eval sets, when configured
+    samples: SampleLog | None = None  # samples.jsonl and samples.html, on the main process
+
+    @property
+    def hooks(self):
+        """Every registered plugin's hooks: on_step_end, on_log, on_save, ..."""
+        return self.plugin_manager.hook
+
+    def close(self) -> None:
+        if self.generation is not None:
+            self.generation.close()
+        self.stop.restore()
+        self.console.close()
+        self.scorer.close()
+        for plugin in self.plugins:
+            if self.plugin_manager.is_registered(plugin):
+                self.plugin_manager.unregister(plugin)
+
+
+@dataclass
 class TrainState:
     """Everything a restart needs, in one place: a checkpoint is `state_dict()`, and resuming is
     `load_state_dict()` of it, so that a resumed run goes on bit for bit as if it had never stopped."""
@@ -472,11 +536,23 @@ class TrainState:
     recorder: RolloutRecorder | None
     config: dict  # the resolved config, to refuse a resume under other settings
     accelerator: Accelerator  # which process this is, and how to gather every process's own parts
+    # What the loop runs with, built by `setup` and not saved: a resumed run builds them again.
+    cfg: DictConfig
+    run_dir: Path
+    run: Run  # what hooks and plugins see of the run
+    rollout: Rollout  # generate -> score -> advantages
+    references: "ReferenceQuantities"  # old, reference and rollout-correction log-probs
+    optimization: Optimization  # forward -> loss -> backward -> optimizer step
+    generation: Any  # the generation backend, sent the weights after each step
+    split_batch: Callable[[dict], list[dict]]  # a generation batch into micro-batches (grpo_kit/batching.py)
+    prompts_per_generation: int  # this process's prompts in a generation batch
+    outputs: "SideOutputs"
     step: int = 0  # optimizer steps done
     micro_step: int = 0  # micro-batches trained on so far
     micro_batches: list[dict] = field(default_factory=list)  # the generation batch still being trained on
     rollout_metrics: dict[str, float] = field(default_factory=dict)  # that batch's metrics
     window: defaultdict[str, list[float]] = field(default_factory=lambda: defaultdict(list))  # since the last log
+    bad_steps: int = 0  # non-finite steps in a row (not saved: a resumed run counts again)
 
     def state_dict(self) -> dict:
         """The checkpoint; every process calls it, since it gathers what differs between processes."""
@@ -556,9 +632,9 @@ def to_cpu(micro_batches: list[dict]) -> list[dict]:
     return [{name: tensor.cpu() for name, tensor in batch.items()} for batch in micro_batches]
 
 
-def save_step(state: TrainState, run_dir: Path, keep: int) -> None:
+def save_step(state: TrainState) -> None:
     """A checkpoint of `state.step`, written by every process together."""
-    accelerator = state.accelerator
+    accelerator, run_dir, keep = state.accelerator, state.run_dir, state.cfg.trainer.save_total_limit
     checkpoint_state = state.state_dict()  # on every process: it gathers their own parts
     parts = None
     if is_sharded(accelerator):  # every process writes its own part of the weights and optimizer state
@@ -570,12 +646,12 @@ def save_step(state: TrainState, run_dir: Path, keep: int) -> None:
     accelerator.wait_for_everyone()
 
 
-def saved_and_stopped(error: GenerationUnavailable, state: TrainState, run_dir: Path, keep: int) -> GenerationUnavailable:
+def saved_and_stopped(error: GenerationUnavailable, state: TrainState) -> GenerationUnavailable:
     """Save the last whole step; the error to stop with, saying how to resume."""
-    save_step(state, run_dir, keep)
+    save_step(state)
     return GenerationUnavailable(
         f"{error}\nA checkpoint of step {state.step} is saved; once generation works again, resume with:\n"
-        f"  {resume_command(run_dir)}"
+        f"  {resume_command(state.run_dir)}"
     )
 
 
