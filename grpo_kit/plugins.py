@@ -226,7 +226,9 @@ class Registry:
         config = options if isinstance(options, plugin.config) else self.config_instance(kind, name, options)
         if not inspect.isclass(plugin.implementation):
             return _bind_options(plugin.implementation, config)
-        built = plugin.implementation(config)
+        # A class whose __init__ takes nothing (or that has none) has no use for a config: it is built without one.
+        takes_config = bool(inspect.signature(plugin.implementation).parameters)
+        built = plugin.implementation(config) if takes_config else plugin.implementation()
         _check_traits(plugin, built)
         if kind == "hook":
             _check_hook_methods(plugin, built)

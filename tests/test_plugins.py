@@ -304,3 +304,20 @@ def test_a_config_field_called_name_is_refused(local_plugin):
     with pytest.raises(PluginError, match=r"reward plugin 'label' .*its config LabelConfig has a field `name`, which "
                                           r"the core's `reward.name` \(the plugin's name\) would hide"):
         Registry(plugin_manager(local_modules=[module]))
+
+
+def test_a_class_without_a_config_is_built_without_one(local_plugin):
+    module = local_plugin("configless_hook", """
+        import grpo_kit
+
+        class CountSteps:
+            @grpo_kit.hookimpl
+            def on_step_end(self, run, step, metrics):
+                pass
+
+        @grpo_kit.hookimpl
+        def register_hooks(register):
+            register("count_steps", CountSteps)
+    """)
+    built = Registry(plugin_manager(local_modules=[module])).build("hook", "count_steps", {})
+    assert type(built).__name__ == "CountSteps"
