@@ -11,9 +11,6 @@ from grpo_kit.advantages import nanstd, weighted_rewards
 class BatchAdvantage:
     needs_groups = True
 
-    def __init__(self, config):
-        pass
-
     def __call__(self, rewards_per_func, weights, num_generations):
         rewards = weighted_rewards(rewards_per_func, weights)  # (N,)
         groups = rewards.view(-1, num_generations)

@@ -4,8 +4,5 @@
 class NoCorrection:
     level = None
 
-    def __init__(self, config):
-        pass
-
     def ratio(self, old_per_token_logps, sampling_per_token_logps, mask):
         return None

@@ -7,8 +7,5 @@ Schulman et al. 2017, https://arxiv.org/abs/1707.06347; DeepSeekMath eq. 3, http
 class TokenLevel:
     level = "token"
 
-    def __init__(self, config):
-        pass
-
     def log_weights(self, log_ratio, mask):
         return log_ratio  # (B, T)

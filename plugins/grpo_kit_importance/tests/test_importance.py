@@ -15,11 +15,11 @@ LOG_RATIO = torch.tensor([[0.3, -0.6, 0.9], [0.2, 5.0, 5.0]])
 
 
 def test_token_level_weights_are_the_token_log_ratios():
-    assert torch.equal(TokenLevel(None).log_weights(LOG_RATIO, MASK), LOG_RATIO)
+    assert torch.equal(TokenLevel().log_weights(LOG_RATIO, MASK), LOG_RATIO)
 
 
 def test_sequence_level_weight_is_the_mean_log_ratio_of_active_tokens():
-    weights = SequenceLevel(None).log_weights(LOG_RATIO, MASK)
+    weights = SequenceLevel().log_weights(LOG_RATIO, MASK)
     torch.testing.assert_close(weights, torch.tensor([[0.2], [0.2]]))  # (0.3 - 0.6 + 0.9) / 3; padding ignored
 
 
@@ -62,4 +62,4 @@ def test_bounds_are_checked():
 
 
 def test_no_correction_gives_no_ratio():
-    assert NoCorrection(None).ratio(OLD, SAMPLING, MASK) is None
+    assert NoCorrection().ratio(OLD, SAMPLING, MASK) is None
