@@ -25,7 +25,7 @@ TASK_SEED, EVAL_SEED = 1234, 4321  # different draws: the eval problems are most
 CALL_RATE = 0.3  # how often the pretrained model calls the tool; otherwise it guesses
 DRILL_RATE = 0.5  # pretraining conversations that teach how to call and copy, but not when to call
 RIGHT_GUESS_RATE = 0.25  # how often a guess is the right sum; otherwise a wrong sum nearby
-PRETRAIN_STEPS, PRETRAIN_BATCH = 1000, 64  # at grpo_kit.embedded's learning rate, falling to zero
+PRETRAIN_STEPS, PRETRAIN_BATCH = 1500, 64  # at grpo_kit.embedded's learning rate, falling to zero
 
 # Jinja, as transformers renders chat templates. Tool schemas (`tools`) are not rendered: the tiny model learns
 # its one tool in pretraining instead of reading a description it could not understand.
