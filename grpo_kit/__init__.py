@@ -1,7 +1,9 @@
 """grpo_kit: GRPO-family reinforcement learning of language models, every variant a plugin.
 
 The public API: `compose` a config as the CLI would, `build_objective` and `build_advantage` from it, `train`
-it; plugin authors use `hookimpl` and the config and data types of `grpo_kit.kinds`.
+it. Plugin authors use `hookimpl`, the protocols and the config and data types of `grpo_kit.kinds`, the errors,
+and, in hooks, the `Run` and `ScoredBatch` of `grpo_kit.pipeline` (docs/plugins/README.md says which modules a
+plugin may import).
 """
 
 __version__ = "0.1.0"
@@ -9,14 +11,31 @@ __version__ = "0.1.0"
 import importlib
 
 from grpo_kit.config import compose
-from grpo_kit.errors import PluginError
+from grpo_kit.errors import ConfigError, GenerationUnavailable, PluginError, RewardError, UserError
 from grpo_kit.hookspecs import hookimpl
-from grpo_kit.kinds import Completions, GenerationConfig, Reduction, RewardConfig
+from grpo_kit.kinds import (
+    Advantage,
+    Completions,
+    CustomRollout,
+    Environment,
+    Generation,
+    GenerationConfig,
+    ImportanceSampling,
+    LigerLoss,
+    Loss,
+    LossInputs,
+    Reduction,
+    RewardConfig,
+    RolloutCorrection,
+    RolloutResult,
+)
 from grpo_kit.plugins import Registry
 
 # These load torch and transformers, so they are imported when first used, not with `import grpo_kit`: the CLI's
 # help and errors, `grpo-kit plugins`, `compose` and every plugin's registration stay free of them.
 _IMPORTED_ON_USE = {
+    "Run": "grpo_kit.pipeline",
+    "ScoredBatch": "grpo_kit.pipeline",
     "build_advantage": "grpo_kit.builders",
     "build_objective": "grpo_kit.objective",
     "train": "grpo_kit.trainer",
@@ -30,12 +49,28 @@ def __getattr__(name: str):
 
 
 __all__ = [
+    "Advantage",
     "Completions",
+    "ConfigError",
+    "CustomRollout",
+    "Environment",
+    "Generation",
     "GenerationConfig",
+    "GenerationUnavailable",
+    "ImportanceSampling",
+    "LigerLoss",
+    "Loss",
+    "LossInputs",
     "PluginError",
     "Reduction",
     "Registry",
     "RewardConfig",
+    "RewardError",
+    "RolloutCorrection",
+    "RolloutResult",
+    "Run",
+    "ScoredBatch",
+    "UserError",
     "build_advantage",
     "build_objective",
     "compose",

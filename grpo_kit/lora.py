@@ -1,6 +1,10 @@
 """LoRA adapters through PEFT: wrapping the policy, its adapter-free reference, and a merged copy for generation.
 
 PEFT is optional (`pip install grpo-kit[lora]`); it is imported only by a run that turns LoRA on.
+
+Public API for generation backends (docs/plugins/README.md, "What a plugin may import"): `has_adapters`, `merged_copy` and
+`refresh_merged_copy`, for a backend that samples from the policy with its adapters folded in. The rest serves the
+core's model setup.
 """
 
 import copy

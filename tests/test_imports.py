@@ -73,13 +73,14 @@ def test_no_entry_point_module_imports_torch():
 
 
 def test_the_heavy_public_names_import_when_used():
-    from grpo_kit import build_advantage, build_objective, train
+    from grpo_kit import Run, ScoredBatch, build_advantage, build_objective, pipeline, train
     from grpo_kit.builders import build_advantage as advantage_builder
     from grpo_kit.objective import build_objective as objective_builder
     from grpo_kit.trainer import train as trainer_train
 
     assert (build_advantage, build_objective, train) == (advantage_builder, objective_builder, trainer_train)
-    assert set(grpo_kit.__all__) <= set(dir(grpo_kit)) | {"build_advantage", "build_objective", "train"}
+    assert (Run, ScoredBatch) == (pipeline.Run, pipeline.ScoredBatch)
+    assert set(grpo_kit.__all__) <= set(dir(grpo_kit)) | set(grpo_kit._IMPORTED_ON_USE)
     with pytest.raises(AttributeError, match="has no attribute 'trian'"):
         grpo_kit.trian  # noqa: B018
 
