@@ -12,6 +12,7 @@ ours, both leaving a step's gradient what it was:
 import torch
 
 from grpo_kit.errors import ConfigError
+from grpo_kit.kinds import declared
 
 COMPLETION_COLUMNS = ("completion_ids", "completion_mask", "sampling_per_token_logps", "tool_mask")  # (N, T) each
 
@@ -21,7 +22,7 @@ def group_by_length(cfg, loss, steps_per_generation: int) -> bool:
     gradient when that is null; a request it would change the gradient of is refused."""
     algo, accumulation = cfg.algorithm, cfg.trainer.gradient_accumulation_steps
     reasons = []
-    if not getattr(loss, "accumulation_invariant", False):
+    if not declared(loss, "loss", "accumulation_invariant"):
         reasons.append(f"loss {cfg.loss.name} divides by something its micro-batch decides (it does not declare "
                        "accumulation_invariant)")
     if algo.top_entropy_quantile < 1.0:

@@ -7,6 +7,7 @@ import datasets
 
 from grpo_kit.data import looks_local, prompt_text
 from grpo_kit.errors import ConfigError, InputFileError
+from grpo_kit.kinds import declared
 
 TRL_ARGUMENTS = {"prompts", "completions", "completion_ids"}
 
@@ -46,9 +47,9 @@ def check_reward_columns(rewards: dict, dataset: datasets.Dataset) -> None:
 
 def required_columns(reward) -> list[str]:
     """What a reward declares (`required_columns`), or the keyword parameters without defaults it takes."""
-    declared = getattr(reward, "required_columns", None)
-    if declared is not None:
-        return list(declared)
+    columns = declared(reward, "reward", "required_columns")
+    if columns is not None:
+        return list(columns)
     function = getattr(reward, "function", reward)  # a reward bound to its options keeps the function
     parameters = inspect.signature(function).parameters.values()
     bound = getattr(reward, "options", None) or getattr(reward, "kwargs", None) or {}

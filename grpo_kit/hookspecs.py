@@ -6,16 +6,18 @@ grpo_kit through the ``grpo_kit`` entry-point group, exactly as the built-in plu
 Every ``register_*`` hook is handed one callable, ``register(name, implementation, config=None, **traits)``:
 
 - ``name`` is the one string users type (``+loss=NAME``), the registry key and the metric prefix;
-- ``implementation`` is a class that is built with the plugin's config instance, ``implementation(config)``;
-  a reward may also be a plain function with TRL's reward signature. Give its import path,
+- ``implementation`` is a class that is built with the plugin's config instance, ``implementation(config)``, or
+  without one when its ``__init__`` takes nothing; a reward may also be a plain function with TRL's reward
+  signature. Give its import path,
   ``"package.module:Class"``, and it is imported only when a run builds it: a plugin module must not import
   torch, which would then load with every ``grpo-kit`` command and every composed run;
 - ``config`` is a dataclass, both the schema and the defaults of the plugin's options (``loss.epsilon=...``);
 - ``traits`` are the class attributes the core checks a run's choices with before building anything
-  (``grpo_kit.plugins.TRAITS``: a loss's ``importance_sampling_level``, an advantage's ``needs_groups``, ...),
+  (``grpo_kit.kinds.TRAITS``: a loss's ``importance_sampling_level``, an advantage's ``needs_groups``, ...),
   declared here by a plugin registered by import path; a class registered as such carries its own.
 
-The interface each kind of implementation provides is in ``grpo_kit/kinds.py``.
+What each kind of implementation provides, and every attribute the core reads of it with its default, is in
+``grpo_kit/kinds.py``.
 """
 
 import pluggy

@@ -1,9 +1,12 @@
-"""What a plugin of each kind is handed and returns.
+"""What a plugin of each kind is handed, returns and declares: with grpo_kit/hookspecs.py, the whole contract.
 
 Shapes: B completions in a micro-batch, T completion tokens, N completions in a generation batch, K rewards.
-These are Protocols: a plugin implements the methods, it does not need to inherit from anything. The config
-base classes (``GenerationConfig``, ``RewardConfig``) are the exception: the core reads their fields, so a
-generation or reward plugin's config extends them.
+These are Protocols, and every attribute the core reads of a plugin is declared here with its default. A plugin
+class may subclass its kind's protocol (``class MyLoss(grpo_kit.Loss)``) to inherit those defaults and state only
+what differs; one that does not subclass it gets the same defaults, because the core reads every optional attribute
+through ``declared``. A protocol's ``__init__`` takes nothing: a plugin with options takes its config instead,
+``__init__(self, config)``. The config base classes (``GenerationConfig``, ``RewardConfig``) are not optional: the
+core reads their fields, so a generation or reward plugin's config extends them.
 """
 
 # Annotations stay text, so that `torch` is needed only by a type checker: plugins' config modules, the CLI and
@@ -11,6 +14,8 @@ generation or reward plugin's config extends them.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from inspect import isfunction
+from types import MethodType
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 if TYPE_CHECKING:
@@ -68,16 +73,18 @@ class LigerLoss:
 class Loss(Protocol):
     # The importance-sampling level the loss's paper uses ("token" or "sequence"); another one gives a
     # warning that says why (`importance_sampling_advice`). None: either level is fine.
-    importance_sampling_level: ClassVar[str | None]
-    importance_sampling_advice: ClassVar[str]
+    importance_sampling_level: ClassVar[str | None] = None
+    importance_sampling_advice: ClassVar[str] = ""
     # Rollout-correction levels the loss can take; None: any. A loss that folds the correction ratio into its
     # own weights (vespo) sets `consumes_rollout_ratio`, and the core does not multiply the loss by it.
-    rollout_correction_levels: ClassVar[tuple[str, ...] | None]
-    consumes_rollout_ratio: ClassVar[bool]
+    rollout_correction_levels: ClassVar[tuple[str, ...] | None] = None
+    consumes_rollout_ratio: ClassVar[bool] = False
     # True: a step's gradient is the same however its completions are split into micro-batches (`reduce` divides
     # by a constant of the step, or averages micro-batches of equal size), so the trainer may put completions of
     # similar lengths together and pad less (trainer.group_by_length). The conformance kit checks it.
-    accumulation_invariant: ClassVar[bool]
+    accumulation_invariant: ClassVar[bool] = False
+
+    def __init__(self) -> None: ...
 
     def per_token_loss(self, inputs: LossInputs) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """The (B, T) or (B, 1) loss before masks, correction and KL; and metrics, name -> scalar tensor."""
@@ -85,20 +92,25 @@ class Loss(Protocol):
     def reduce(self, per_token_loss: torch.Tensor, mask: torch.Tensor, reduction: Reduction) -> torch.Tensor:
         """The micro-batch's scalar, already divided as gradient accumulation needs."""
 
-    # Optional (a loss without it is taken to return None): the loss as liger-kernel computes it, for
-    # `model.logits=liger`; None when Liger has no equivalent, and the loss gets the chunked path instead.
-    def liger_loss(self) -> LigerLoss | None: ...
+    def liger_loss(self) -> LigerLoss | None:
+        """The loss as liger-kernel computes it, for `model.logits=liger`; None when Liger has no equivalent, and
+        the loss gets the chunked path instead."""
+        return None
 
 
 class ImportanceSampling(Protocol):
-    level: ClassVar[str]  # "token" or "sequence": the shape of the weights it forms
+    level: ClassVar[str | None] = None  # "token" or "sequence": the shape of the weights it forms
+
+    def __init__(self) -> None: ...
 
     def log_weights(self, log_ratio: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:  # (B, T) or (B, 1)
         ...
 
 
 class RolloutCorrection(Protocol):
-    level: ClassVar[str | None]  # "token", "sequence", or None for no correction
+    level: ClassVar[str | None] = None  # "token", "sequence", or None for no correction
+
+    def __init__(self) -> None: ...
 
     def ratio(
         self,
@@ -110,6 +122,11 @@ class RolloutCorrection(Protocol):
 
 
 class Advantage(Protocol):
+    # True: it compares the completions of one prompt, so a run must sample several (generation.num_generations).
+    needs_groups: ClassVar[bool] = False
+
+    def __init__(self) -> None: ...
+
     def __call__(
         self,
         rewards_per_func: torch.Tensor,  # (N, K), NaN where a reward had no opinion
@@ -123,13 +140,13 @@ class Advantage(Protocol):
 class GenerationConfig:
     """Sampling settings every generation backend understands; a backend's own config extends this."""
 
-    num_generations: int = 8
-    max_completion_length: int = 256
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int | None = None
-    min_p: float | None = None
-    repetition_penalty: float = 1.0
+    num_generations: int = 8  # completions per prompt: the group whose rewards the advantages compare
+    max_completion_length: int = 256  # tokens a completion may have; one that reaches it without EOS is truncated
+    temperature: float = 1.0  # divides the logits before sampling; 1.0 samples the model's own distribution
+    top_p: float = 1.0  # nucleus sampling: the smallest set of tokens whose probability reaches top_p; 1.0 keeps all
+    top_k: int | None = None  # sample among the k likeliest tokens only; None keeps all
+    min_p: float | None = None  # drop tokens below min_p times the likeliest token's probability; None keeps all
+    repetition_penalty: float = 1.0  # > 1 makes tokens already in the prompt or completion less likely; 1.0: off
 
 
 @dataclass
@@ -179,7 +196,37 @@ class Generation(Protocol):
 class RewardConfig:
     """Every reward's config extends this; the other fields reach the reward function as keyword arguments."""
 
-    weight: float = 1.0
+    weight: float = 1.0  # this reward's weight in the sum the advantages are computed from
+
+
+class Reward(Protocol):
+    """A reward: called with TRL's reward signature for a batch of completions, one score each.
+
+    A plain function with the same signature is a reward too; a class is built once per run, with its config
+    when its `__init__` takes one. A score of None says the reward has no opinion on that completion.
+    """
+
+    # True: scoring holds the GIL for long (sympy in math verifiers), so the core scores in worker processes;
+    # the reward must then pickle (a module-level class or function).
+    cpu_heavy: ClassVar[bool] = False
+    # Dataset columns it needs, checked before training; None: the keyword parameters of `__call__` that have no
+    # default (a property, when they depend on the config).
+    required_columns: ClassVar[list[str] | None] = None
+    # True: calling it returns an awaitable although `__call__` is not itself `async def` (a wrapper around an
+    # async function), so the core awaits it on its event loop instead of running it in a thread.
+    is_coroutine: ClassVar[bool] = False
+
+    def __init__(self) -> None: ...
+
+    def __call__(
+        self, prompts: list, completions: list, completion_ids: list[list[int]], **columns: Any
+    ) -> list[float | None]:  # (N,)
+        """The score of each completion; `columns` are the dataset's other columns, N values each."""
+
+    # Optional, for a cpu_heavy reward: the scores it can give at once in this process (an exact string match,
+    # say), as {row: score}; the workers score the other rows. Called like the reward itself.
+    def quick_scores(self, prompts: list, completions: list, completion_ids: list[list[int]], **columns: Any) -> dict:
+        return {}
 
 
 class Environment(Protocol):
@@ -217,3 +264,31 @@ class CustomRollout(Protocol):
     def __call__(self, rows: list[dict], tokenizer: Any, generation: Generation) -> RolloutResult:
         """Completions for `rows` (this process's dataset rows, each repeated num_generations times, group
         members adjacent). `generation` is the run's backend, for a rollout that samples through it."""
+
+
+PROTOCOLS = {
+    "loss": Loss,
+    "importance_sampling": ImportanceSampling,
+    "rollout_correction": RolloutCorrection,
+    "advantage": Advantage,
+    "reward": Reward,
+    "generation": Generation,
+    "environment": Environment,
+    "rollout": CustomRollout,
+}
+# What the core reads of a plugin before building it, to check a run's choices (grpo_kit/compatibility.py). A
+# plugin registered by import path declares these to `register` as keywords, so that composing a run imports
+# nothing of it; Registry.build checks that the built object agrees.
+TRAITS = {
+    "loss": ("importance_sampling_level", "rollout_correction_levels", "accumulation_invariant"),
+    "importance_sampling": ("level",),
+    "rollout_correction": ("level",),
+    "advantage": ("needs_groups",),
+}
+
+
+def declared(plugin: Any, kind: str, name: str) -> Any:
+    """`plugin`'s attribute `name`, or, where the plugin does not say, the default its kind's protocol gives (a
+    method, such as `Loss.liger_loss`, bound to the plugin)."""
+    default = getattr(PROTOCOLS[kind], name)
+    return getattr(plugin, name, MethodType(default, plugin) if isfunction(default) else default)

@@ -15,7 +15,7 @@ from contextlib import nullcontext
 
 import torch
 
-from grpo_kit.kinds import LigerLoss
+from grpo_kit.kinds import LigerLoss, declared
 from grpo_kit.objective import Objective, loss_mask
 
 INSTALL = "pip install 'grpo-kit[liger]' (or liger-kernel)"
@@ -29,8 +29,7 @@ def check_liger_installed() -> None:
 
 def liger_loss_of(loss) -> LigerLoss | None:
     """What the loss plugin declares (None for a plugin without `liger_loss`)."""
-    declare = getattr(loss, "liger_loss", None)
-    return declare() if callable(declare) else None
+    return declared(loss, "loss", "liger_loss")()
 
 
 def objective_reason(objective: Objective) -> str | None:

@@ -10,7 +10,7 @@ import torch
 from omegaconf import OmegaConf
 
 from grpo_kit.config import AlgorithmConfig, options
-from grpo_kit.kinds import ImportanceSampling, Loss, LossInputs, Reduction, RolloutCorrection
+from grpo_kit.kinds import ImportanceSampling, Loss, LossInputs, Reduction, RolloutCorrection, declared
 from grpo_kit.plugins import Registry
 from grpo_kit.reductions import masked_mean
 
@@ -70,7 +70,7 @@ class Objective:
         if algo.top_entropy_quantile < 1.0:
             entropy_mask = high_entropy_mask(entropies.detach(), mask, 1 - algo.top_entropy_quantile)
             per_token_loss = per_token_loss * entropy_mask
-        if rollout_ratio is not None and not self.loss.consumes_rollout_ratio:
+        if rollout_ratio is not None and not declared(self.loss, "loss", "consumes_rollout_ratio"):
             per_token_loss = per_token_loss * rollout_ratio
         # k3 estimator of KL(pi_theta || pi_ref) (Schulman, http://joschu.net/blog/kl-approx.html), DeepSeekMath eq. 4.
         if algo.beta != 0.0:

@@ -19,9 +19,9 @@ import pluggy
 from omegaconf import OmegaConf, SCMode
 from omegaconf.errors import MissingMandatoryValue
 
-from grpo_kit import hookspecs
+from grpo_kit import hookspecs, kinds
 from grpo_kit.errors import ConfigError, PluginError
-from grpo_kit.kinds import KINDS, MULTI_CHOICE_KINDS, GenerationConfig, RewardConfig
+from grpo_kit.kinds import KINDS, MULTI_CHOICE_KINDS, PROTOCOLS, GenerationConfig, RewardConfig
 
 ENTRY_POINT_GROUP = "grpo_kit"
 
@@ -40,16 +40,8 @@ REGISTER_HOOK_OF_KIND = {
 # The core reads these fields, so a plugin of that kind must carry them.
 _REQUIRED_CONFIG_BASE = {"reward": RewardConfig, "generation": GenerationConfig}
 
-# What the core reads of a plugin before building it (grpo_kit/compatibility.py checks a run's choices with them),
-# each with the value it has when a plugin says nothing. A class carries them as class attributes
-# (grpo_kit/kinds.py); a plugin registered by import path declares them to `register` as keywords, so that
-# composing a run imports nothing of it. Registry.build checks that the built object agrees.
-TRAITS = {
-    "loss": {"importance_sampling_level": None, "rollout_correction_levels": None, "accumulation_invariant": False},
-    "importance_sampling": {"level": None},
-    "rollout_correction": {"level": None},
-    "advantage": {"needs_groups": False},
-}
+# kinds.TRAITS with their defaults: what a plugin of each kind has when it says nothing.
+TRAITS = {kind: {name: getattr(PROTOCOLS[kind], name) for name in names} for kind, names in kinds.TRAITS.items()}
 
 _IMPORT_PATH = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")  # package.module:Name
 

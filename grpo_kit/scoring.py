@@ -28,6 +28,7 @@ from dataclasses import dataclass
 import torch
 
 from grpo_kit.errors import PluginError, RewardError
+from grpo_kit.kinds import declared
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +61,7 @@ class Scorer:
         if timeout <= 0 or workers < 0:
             raise ValueError(f"Scorer needs timeout > 0 and workers >= 0, got timeout={timeout}, workers={workers}.")
         self.rewards, self.timeout, self.workers = dict(rewards), timeout, workers
-        self.in_processes = {name for name, f in self.rewards.items() if workers and getattr(f, "cpu_heavy", False)}
+        self.in_processes = {name for name, f in self.rewards.items() if workers and declared(f, "reward", "cpu_heavy")}
         for name in self.in_processes:
             _check_picklable(name, self.rewards[name])
         self._warned: set[str] = set()
@@ -127,7 +128,7 @@ class Scorer:
     def _in_processes(self, name: str, function: Callable, arguments: dict, count: int) -> list[_Call]:
         """Its quick scores from this process, and a call in a worker for each share of the other completions."""
         quick = concurrent.futures.Future()
-        _run(quick, getattr(function, "quick_scores", _no_quick_scores), arguments)
+        _run(quick, declared(function, "reward", "quick_scores"), arguments)
         if quick.exception() is not None:  # as if the reward itself had raised: the whole batch scores None
             return [_Call(name, list(range(count)), quick)]
         settled = quick.result()
@@ -186,15 +187,9 @@ class Scorer:
         )
 
 
-def _no_quick_scores(**arguments) -> dict:
-    """What a CPU-heavy reward without `quick_scores` scores quickly: nothing."""
-    return {}
-
-
 def _is_async(function: Callable) -> bool:
-    # `is_coroutine` is how the core's option binding (and the python reward) say that their wrapper is async.
     return (
-        getattr(function, "is_coroutine", False)
+        declared(function, "reward", "is_coroutine")
         or inspect.iscoroutinefunction(function)
         or inspect.iscoroutinefunction(getattr(function, "__call__", None))
     )

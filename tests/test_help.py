@@ -218,11 +218,6 @@ def test_every_option_a_built_in_plugin_declares_has_help(registry):
     assert without_help(options) == [], "explain each option in a comment on its line (docs/plugins/README.md)"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="GenerationConfig's and RewardConfig's fields in grpo_kit/kinds.py have no comment yet (issue 17): "
-    "once they have, this test passes and this mark goes",
-)
 def test_every_option_the_core_gives_plugins_has_help(registry):
     options = [option for option in plugin_options(registry) if option[2].__module__ == "grpo_kit.kinds"]
     assert {field.name for _, field, _ in options} >= {"weight", "num_generations", "temperature"}

@@ -48,7 +48,15 @@ from omegaconf import OmegaConf
 from grpo_kit.config import hydra_composition, options
 from grpo_kit.hookspecs import hookimpl
 from grpo_kit.inventory import split_distribution
-from grpo_kit.kinds import KINDS, MULTI_CHOICE_KINDS, Completions, GenerationConfig, LossInputs, Reduction
+from grpo_kit.kinds import (
+    KINDS,
+    MULTI_CHOICE_KINDS,
+    Completions,
+    GenerationConfig,
+    LossInputs,
+    Reduction,
+    declared,
+)
 from grpo_kit.plugins import ENTRY_POINT_GROUP, REGISTER_HOOK_OF_KIND, Plugin, Registry, plugin_manager
 
 __all__ = [
@@ -304,7 +312,7 @@ class LossContract(PluginContract):
         inputs = LossInputs(_log_weights(log_ratio, mask, level), log_ratio, advantages, per_token_logps, mask,
                             rollout_ratio)
         per_token_loss, metrics = loss.per_token_loss(inputs)
-        if rollout_ratio is not None and not loss.consumes_rollout_ratio:
+        if rollout_ratio is not None and not declared(loss, "loss", "consumes_rollout_ratio"):
             per_token_loss = per_token_loss * rollout_ratio
         total_tokens = float(mask.sum()) if num_items_in_batch is None else num_items_in_batch
         reduction = Reduction(total_tokens, accumulation, accumulation, 1, mask.shape[1])
@@ -324,7 +332,7 @@ class LossContract(PluginContract):
 
     def rollout_ratios(self, loss, mask):
         """No correction, and a ratio of every level the loss accepts (values in [0.5, 2])."""
-        accepted = loss.rollout_correction_levels
+        accepted = declared(loss, "loss", "rollout_correction_levels")
         ratios = {"no correction": None}
         generator = torch.Generator().manual_seed(7)
         if accepted is None or TOKEN in accepted:
@@ -334,16 +342,18 @@ class LossContract(PluginContract):
         return ratios
 
     def test_declares_what_the_core_reads(self, plugin):
-        level = plugin.importance_sampling_level
+        level = declared(plugin, "loss", "importance_sampling_level")
         assert level in (None, TOKEN, SEQUENCE), "importance_sampling_level must be None, 'token' or 'sequence'"
         if level is not None:
-            assert isinstance(plugin.importance_sampling_advice, str) and plugin.importance_sampling_advice, (
+            advice = declared(plugin, "loss", "importance_sampling_advice")
+            assert isinstance(advice, str) and advice, (
                 "a loss that wants one importance-sampling level says why in importance_sampling_advice (the "
                 "warning a run shows for the other level)"
             )
-        levels = plugin.rollout_correction_levels
+        levels = declared(plugin, "loss", "rollout_correction_levels")
         assert levels is None or set(levels) <= {TOKEN, SEQUENCE}, "rollout_correction_levels: None, or levels"
-        assert isinstance(plugin.consumes_rollout_ratio, bool), "consumes_rollout_ratio must be True or False"
+        consumes = declared(plugin, "loss", "consumes_rollout_ratio")
+        assert isinstance(consumes, bool), "consumes_rollout_ratio must be True or False"
 
     @pytest.mark.parametrize("level", [TOKEN, SEQUENCE])
     def test_loss_and_gradient_are_finite(self, plugin, level):

@@ -7,17 +7,15 @@ ScaleRL recommends (https://arxiv.org/abs/2510.13786); TRL falls back to `epsilo
 
 import torch
 
-from grpo_kit.kinds import LigerLoss
+from grpo_kit.kinds import LigerLoss, Loss
 from grpo_kit.reductions import global_token_mean, masked_mean
 from grpo_kit_losses.configs import CISPOConfig
 from grpo_kit_losses.token_sums import SUMS_TOKENS_ADVICE
 
 
-class CISPO:
+class CISPO(Loss):
     importance_sampling_level = "token"
     importance_sampling_advice = SUMS_TOKENS_ADVICE
-    rollout_correction_levels = None
-    consumes_rollout_ratio = False
     accumulation_invariant = True
 
     def __init__(self, config: CISPOConfig):

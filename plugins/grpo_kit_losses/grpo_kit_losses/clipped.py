@@ -8,16 +8,12 @@ PPO's clipped objective (Schulman et al. 2017, https://arxiv.org/abs/1707.06347)
 
 import torch
 
-from grpo_kit.kinds import LigerLoss
+from grpo_kit.kinds import LigerLoss, Loss
 from grpo_kit.reductions import masked_mean, per_sequence_mean
 from grpo_kit_losses.configs import ClippedConfig
 
 
-class ClippedSurrogate:
-    importance_sampling_level = None
-    importance_sampling_advice = ""
-    rollout_correction_levels = None
-    consumes_rollout_ratio = False
+class ClippedSurrogate(Loss):
     accumulation_invariant = True  # bnpo, which divides by the micro-batch's own tokens, says False
     # liger-kernel's loss_type for this reduction of the surrogate (model.logits=liger); None: Liger has none.
     liger_loss_type: str | None = None

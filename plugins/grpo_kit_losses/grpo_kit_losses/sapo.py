@@ -7,16 +7,12 @@ f(r) = sigmoid(tau * (r - 1)) * 4 / tau, equal to r's slope at r = 1 and fading 
 
 import torch
 
-from grpo_kit.kinds import LigerLoss
+from grpo_kit.kinds import LigerLoss, Loss
 from grpo_kit.reductions import sequence_mean
 from grpo_kit_losses.configs import SAPOConfig
 
 
-class SAPO:
-    importance_sampling_level = None
-    importance_sampling_advice = ""
-    rollout_correction_levels = None
-    consumes_rollout_ratio = False
+class SAPO(Loss):
     accumulation_invariant = True
 
     def __init__(self, config: SAPOConfig):

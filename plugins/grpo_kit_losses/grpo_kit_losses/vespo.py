@@ -10,7 +10,7 @@ import math
 
 import torch
 
-from grpo_kit.kinds import LigerLoss
+from grpo_kit.kinds import LigerLoss, Loss
 from grpo_kit.reductions import global_token_mean
 from grpo_kit_losses.configs import VESPOConfig
 
@@ -18,7 +18,7 @@ LOG_MIN_WEIGHT = math.log(1e-8)  # the paper's floor on w, applied in log space
 LOG_MAX_WEIGHT = 20.0
 
 
-class VESPO:
+class VESPO(Loss):
     importance_sampling_level = "token"
     importance_sampling_advice = "forms its own sequence-level weight from the token log-ratios"
     rollout_correction_levels = ("token",)

@@ -12,22 +12,17 @@ embedded default, the two agree, and only the batch-wide mean is independent of 
 
 With no importance ratio the gradient is the on-policy policy gradient: train each batch once, in one optimizer
 step (algorithm.num_iterations=1 and steps_per_generation unset, the defaults). The importance-sampling plugin's
-weights are not used, so its level does not matter. The paper's advantage and its correction factor alpha are the `gpg` advantage estimator
-(gpg_advantage.py): `+loss=gpg advantage=gpg`.
+weights are not used, so its level does not matter (`grpo_kit.Loss`'s default, as every other default suits it).
+The paper's advantage and its correction factor alpha are the `gpg` advantage estimator (gpg_advantage.py):
+`+loss=gpg advantage=gpg`.
 """
 
+import grpo_kit
 from grpo_kit.reductions import global_token_mean, masked_mean
 
 
-class GPG:
-    importance_sampling_level = None  # no importance ratio: either level is fine
-    importance_sampling_advice = ""
-    rollout_correction_levels = None  # the core multiplies the loss by any correction's ratio
-    consumes_rollout_ratio = False
+class GPG(grpo_kit.Loss):
     accumulation_invariant = True  # the token mean spans the whole batch, however it is split (checked by the kit)
-
-    def __init__(self, config):
-        pass  # the loss of the paper has no options
 
     def per_token_loss(self, inputs):
         per_token_loss = -inputs.advantages * inputs.per_token_logps  # (B, T)

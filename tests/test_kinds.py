@@ -1,0 +1,71 @@
+"""The contract in grpo_kit/kinds.py: every attribute the core reads of a plugin has its default there, whether the
+plugin subclasses its kind's protocol or not."""
+
+import json
+
+import torch
+
+import grpo_kit
+from grpo_kit.kinds import PROTOCOLS, TRAITS, declared
+from grpo_kit.plugins import Registry, plugin_manager
+from grpo_kit.testing import tiny_run
+
+PLAIN_LOSS = """
+    import grpo_kit
+    from grpo_kit.reductions import sequence_mean
+
+    class PlainPG:  # no base class, no attributes, no config: the core supplies every default
+        def per_token_loss(self, inputs):
+            return -inputs.advantages * inputs.per_token_logps, {}
+
+        def reduce(self, per_token_loss, mask, reduction):
+            return sequence_mean(per_token_loss, mask, reduction)
+
+    @grpo_kit.hookimpl
+    def register_losses(register):
+        register("plain_pg", PlainPG)
+"""
+
+
+def test_every_trait_has_a_default_in_its_kinds_protocol():
+    for kind, names in TRAITS.items():
+        for name in names:
+            assert hasattr(PROTOCOLS[kind], name), f"grpo_kit.kinds.{PROTOCOLS[kind].__name__} lacks {name}"
+
+
+def test_a_subclass_states_only_what_differs():
+    class TokenLoss(grpo_kit.Loss):
+        importance_sampling_level = "token"
+
+    loss = TokenLoss()
+    assert declared(loss, "loss", "importance_sampling_level") == "token"
+    assert declared(loss, "loss", "consumes_rollout_ratio") is False
+    assert declared(loss, "loss", "rollout_correction_levels") is None
+    assert loss.liger_loss() is None
+
+
+def test_a_class_that_does_not_subclass_gets_the_same_defaults():
+    class Bare:
+        pass
+
+    bare = Bare()
+    for kind, protocol in PROTOCOLS.items():
+        for name in TRAITS.get(kind, ()):
+            assert declared(bare, kind, name) == getattr(protocol, name)
+    assert declared(bare, "loss", "liger_loss")() is None
+    assert declared(bare, "reward", "quick_scores")(prompts=[], completions=[], completion_ids=[]) == {}
+    assert declared(bare, "reward", "cpu_heavy") is False and declared(bare, "reward", "required_columns") is None
+
+
+def test_a_plain_loss_class_trains_with_the_defaults(local_plugin, tiny_model, tmp_path):
+    registry = Registry(plugin_manager(local_modules=[local_plugin("plain_pg_loss", PLAIN_LOSS)]))
+    assert registry.get("loss", "plain_pg").traits == {
+        "importance_sampling_level": None, "rollout_correction_levels": None, "accumulation_invariant": False,
+    }
+    # A token-level correction: the core multiplies the loss by its ratio, as it does for a loss that does not
+    # declare consumes_rollout_ratio.
+    cfg = grpo_kit.compose(tiny_run(tiny_model, "+loss=plain_pg", "+reward=accuracy", "rollout_correction=token_truncate"), registry)
+    grpo_kit.train(cfg, tmp_path, registry)
+    metrics = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    losses = [line["loss"] for line in metrics if "loss" in line]
+    assert len(losses) == cfg.trainer.max_steps and all(torch.isfinite(torch.tensor(losses)))
