@@ -11,8 +11,6 @@ import shutil
 import sys
 from pathlib import Path
 
-import pytest
-
 import grpo_kit.config
 from grpo_kit import cli
 from grpo_kit.commands import main as grpo_kit_command
