@@ -57,6 +57,28 @@ def local_plugin(tmp_path, monkeypatch):
 
 
 @pytest.fixture
+def plain_loss_registry(local_plugin):
+    """The installed plugins and `plain_pg`, a loss class that declares nothing: no base class, no attributes, no
+    config, no Liger equivalent, so the core supplies every default grpo_kit/kinds.py gives."""
+    module = local_plugin("plain_pg_loss", """
+        import grpo_kit
+        from grpo_kit.reductions import sequence_mean
+
+        class PlainPG:
+            def per_token_loss(self, inputs):
+                return -inputs.advantages * inputs.per_token_logps, {}
+
+            def reduce(self, per_token_loss, mask, reduction):
+                return sequence_mean(per_token_loss, mask, reduction)
+
+        @grpo_kit.hookimpl
+        def register_losses(register):
+            register("plain_pg", PlainPG)
+    """)
+    return Registry(plugin_manager(local_modules=[module]))
+
+
+@pytest.fixture
 def digits_registry(local_plugin):
     """The installed plugins and `digits`, a reward an untrained model can earn: the share of digits it writes."""
     module = local_plugin("digits_reward", """

@@ -7,24 +7,7 @@ import torch
 
 import grpo_kit
 from grpo_kit.kinds import PROTOCOLS, TRAITS, declared
-from grpo_kit.plugins import Registry, plugin_manager
 from grpo_kit.testing import tiny_run
-
-PLAIN_LOSS = """
-    import grpo_kit
-    from grpo_kit.reductions import sequence_mean
-
-    class PlainPG:  # no base class, no attributes, no config: the core supplies every default
-        def per_token_loss(self, inputs):
-            return -inputs.advantages * inputs.per_token_logps, {}
-
-        def reduce(self, per_token_loss, mask, reduction):
-            return sequence_mean(per_token_loss, mask, reduction)
-
-    @grpo_kit.hookimpl
-    def register_losses(register):
-        register("plain_pg", PlainPG)
-"""
 
 
 def test_every_trait_has_a_default_in_its_kinds_protocol():
@@ -57,15 +40,15 @@ def test_a_class_that_does_not_subclass_gets_the_same_defaults():
     assert declared(bare, "reward", "cpu_heavy") is False and declared(bare, "reward", "required_columns") is None
 
 
-def test_a_plain_loss_class_trains_with_the_defaults(local_plugin, tiny_model, tmp_path):
-    registry = Registry(plugin_manager(local_modules=[local_plugin("plain_pg_loss", PLAIN_LOSS)]))
-    assert registry.get("loss", "plain_pg").traits == {
+def test_a_plain_loss_class_trains_with_the_defaults(plain_loss_registry, tiny_model, tmp_path):
+    assert plain_loss_registry.get("loss", "plain_pg").traits == {
         "importance_sampling_level": None, "rollout_correction_levels": None, "accumulation_invariant": False,
     }
     # A token-level correction: the core multiplies the loss by its ratio, as it does for a loss that does not
     # declare consumes_rollout_ratio.
-    cfg = grpo_kit.compose(tiny_run(tiny_model, "+loss=plain_pg", "+reward=accuracy", "rollout_correction=token_truncate"), registry)
-    grpo_kit.train(cfg, tmp_path, registry)
+    overrides = tiny_run(tiny_model, "+loss=plain_pg", "+reward=accuracy", "rollout_correction=token_truncate")
+    cfg = grpo_kit.compose(overrides, plain_loss_registry)
+    grpo_kit.train(cfg, tmp_path, plain_loss_registry)
     metrics = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     losses = [line["loss"] for line in metrics if "loss" in line]
     assert len(losses) == cfg.trainer.max_steps and all(torch.isfinite(torch.tensor(losses)))

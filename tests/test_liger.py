@@ -146,35 +146,9 @@ def test_what_liger_lacks_falls_back_to_the_chunked_path_and_says_why_once(regis
 
 
 @needs_liger
-def test_a_plugin_loss_without_a_liger_equivalent_gets_the_chunked_path(local_plugin, tiny_model, caplog):
-    from grpo_kit.plugins import Registry, plugin_manager
-
-    module = local_plugin("plain_pg_loss", """
-        import grpo_kit
-        from grpo_kit.reductions import sequence_mean
-
-        class PlainPG:
-            importance_sampling_level = None
-            importance_sampling_advice = ""
-            rollout_correction_levels = None
-            consumes_rollout_ratio = False
-
-            def __init__(self, config):
-                pass
-
-            def per_token_loss(self, inputs):
-                return -inputs.advantages * inputs.per_token_logps, {}
-
-            def reduce(self, per_token_loss, mask, reduction):
-                return sequence_mean(per_token_loss, mask, reduction)
-
-        @grpo_kit.hookimpl
-        def register_losses(register):
-            register("plain_pg", PlainPG)
-    """)
-    registry = Registry(plugin_manager(local_modules=[module]))
+def test_a_plugin_loss_without_a_liger_equivalent_gets_the_chunked_path(plain_loss_registry, tiny_model, caplog):
     with caplog.at_level(logging.WARNING, logger="grpo_kit.policy_loss"):
-        liger, plain = liger_and_plain(registry, ["+loss=plain_pg"])
+        liger, plain = liger_and_plain(plain_loss_registry, ["+loss=plain_pg"])
     assert "declares no Liger equivalent" in caplog.text
     compare(liger, plain, AutoModelForCausalLM.from_pretrained(tiny_model))
     assert liger.last_path == "chunked"
