@@ -174,6 +174,8 @@ class Generation(Protocol):
     a checkpoint of its last whole step and stops with the command that resumes it, instead of failing.
     """
 
+    def __init__(self) -> None: ...
+
     def start(self, model: torch.nn.Module, tokenizer: Any, accelerator: Any) -> None:
         """Called once, after the model is prepared and before the first generation batch."""
 
@@ -239,6 +241,8 @@ class Environment(Protocol):
     and counted in `tools/failure_frequency`.
     """
 
+    def __init__(self) -> None: ...
+
     def reset(self, **row: Any) -> str | None:
         """Start a new episode for the dataset row `row` (its `prompt` and other columns). A string is an
         observation, appended to the prompt's last user message."""
@@ -260,6 +264,8 @@ class RolloutResult:
 
 class CustomRollout(Protocol):
     """A whole generation of its own (`+rollout=NAME`, TRL's `rollout_func`): prompts in, tokens out."""
+
+    def __init__(self) -> None: ...
 
     def __call__(self, rows: list[dict], tokenizer: Any, generation: Generation) -> RolloutResult:
         """Completions for `rows` (this process's dataset rows, each repeated num_generations times, group

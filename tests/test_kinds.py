@@ -1,6 +1,7 @@
 """The contract in grpo_kit/kinds.py: every attribute the core reads of a plugin has its default there, whether the
 plugin subclasses its kind's protocol or not."""
 
+import inspect
 import json
 
 import torch
@@ -14,6 +15,13 @@ def test_every_trait_has_a_default_in_its_kinds_protocol():
     for kind, names in TRAITS.items():
         for name in names:
             assert hasattr(PROTOCOLS[kind], name), f"grpo_kit.kinds.{PROTOCOLS[kind].__name__} lacks {name}"
+
+
+def test_a_subclass_without_options_is_built_without_a_config():
+    for protocol in PROTOCOLS.values():
+        without_options = type("WithoutOptions", (protocol,), {})
+        # Registry.build passes a config only to a class whose __init__ takes an argument.
+        assert not inspect.signature(without_options).parameters, protocol.__name__
 
 
 def test_a_subclass_states_only_what_differs():
