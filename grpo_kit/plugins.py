@@ -13,7 +13,7 @@ import inspect
 import os
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import pluggy
 from omegaconf import OmegaConf, SCMode
@@ -218,9 +218,7 @@ class Registry:
         config = options if isinstance(options, plugin.config) else self.config_instance(kind, name, options)
         if not inspect.isclass(plugin.implementation):
             return _bind_options(plugin.implementation, config)
-        # A class whose __init__ takes nothing (or that has none) has no use for a config: it is built without one.
-        takes_config = bool(inspect.signature(plugin.implementation).parameters)
-        built = plugin.implementation(config) if takes_config else plugin.implementation()
+        built = plugin.implementation(config) if _takes_config(plugin.implementation) else plugin.implementation()
         _check_traits(plugin, built)
         if kind == "hook":
             _check_hook_methods(plugin, built)
@@ -258,6 +256,17 @@ def qualified_name(obj: Any) -> str:
     """"package.module:QualifiedName" of a class, a function, or an instance's class."""
     module = getattr(obj, "__module__", None) or "?"
     return f"{module}:{getattr(obj, '__qualname__', type(obj).__qualname__)}"
+
+
+def _takes_config(cls: type) -> bool:
+    """Whether `cls(config)` is how to build it: a class whose __init__ takes nothing, or that inherits its
+    __init__ from object or from a kind's protocol (grpo_kit.Loss, ...), is built without a config."""
+    owner = next(klass for klass in cls.__mro__ if "__init__" in vars(klass))
+    # Python 3.10 hides a protocol's __init__ behind (*args, **kwargs), and on a first call replaces a subclass's
+    # inherited one with object.__init__: both take nothing.
+    if owner is object or Protocol in owner.__bases__ or vars(owner)["__init__"] is object.__init__:
+        return False
+    return bool(inspect.signature(cls).parameters)
 
 
 def _check_traits(plugin: Plugin, built: Any) -> None:

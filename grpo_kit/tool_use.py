@@ -254,7 +254,7 @@ def in_daemon_thread(function: Callable, arguments: dict) -> asyncio.Future:
 
 
 def describe(error: Exception, timeout: float) -> str:
-    if isinstance(error, TimeoutError):
+    if isinstance(error, asyncio.TimeoutError):  # wait_for's; the builtin TimeoutError only from Python 3.11
         return f"the tool did not answer within {timeout:g} s"
     return f"{type(error).__name__}: {error}"
 

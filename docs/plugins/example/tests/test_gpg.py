@@ -14,7 +14,7 @@ ADVANTAGES = torch.tensor([[2.0], [-1.0]])
 
 
 def test_loss_is_minus_advantage_times_log_prob_averaged_over_the_batch_tokens():
-    gpg = GPG(None)
+    gpg = GPG()
     logps = LOGPS.clone().requires_grad_()
     # A log-ratio far from 0 changes nothing: there is no importance ratio.
     inputs = loss_inputs(torch.full((2, 3), 0.7), ADVANTAGES, MASK, per_token_logps=logps)
@@ -34,8 +34,8 @@ def test_loss_is_minus_advantage_times_log_prob_averaged_over_the_batch_tokens()
 def test_the_token_mean_spans_the_generation_batch():
     # This micro-batch is half of an optimizer step of 2 micro-batches over a generation batch of 20 tokens:
     # sum / (20 * 2 / 2) = 3.75 / 20
-    per_token, _ = GPG(None).per_token_loss(loss_inputs(torch.zeros(2, 3), ADVANTAGES, MASK, per_token_logps=LOGPS))
-    loss = GPG(None).reduce(per_token, MASK, reduction(20, accumulation=2))
+    per_token, _ = GPG().per_token_loss(loss_inputs(torch.zeros(2, 3), ADVANTAGES, MASK, per_token_logps=LOGPS))
+    loss = GPG().reduce(per_token, MASK, reduction(20, accumulation=2))
     assert loss.item() == pytest.approx(3.75 / 20)
 
 
