@@ -264,7 +264,7 @@ def _takes_config(cls: type) -> bool:
     owner = next(klass for klass in cls.__mro__ if "__init__" in vars(klass))
     # Python 3.10 hides a protocol's __init__ behind (*args, **kwargs), and on a first call replaces a subclass's
     # inherited one with object.__init__: both take nothing.
-    if owner is object or Protocol in owner.__bases__ or vars(owner)["__init__"] is object.__init__:
+    if Protocol in owner.__bases__ or vars(owner)["__init__"] is object.__init__:
         return False
     return bool(inspect.signature(cls).parameters)
 
