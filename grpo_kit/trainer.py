@@ -48,7 +48,6 @@ from grpo_kit.errors import ConfigError, GenerationUnavailable
 from grpo_kit.evaluation import Evaluator, load_eval_prompts
 from grpo_kit.lock import write_or_compare
 from grpo_kit.loggers import ConsoleLogger, JsonlLogger
-from grpo_kit.memory import release_freed_memory
 from grpo_kit.modeling import load_model
 from grpo_kit.objective import Objective, ObjectiveOutput, build_objective, loss_mask
 from grpo_kit.pipeline import Run
@@ -313,7 +312,6 @@ def end_of_step(state: "TrainState", step: int, finite: bool, grad_norm: float, 
     """The step's side outputs: the non-finite count, hooks, eval, the logged line, a checkpoint; sets
     `state.outputs.stop.reason` when the run should stop, and raises after saving when losses stay non-finite."""
     t, window, outputs, stop = state.cfg.trainer, state.window, state.outputs, state.outputs.stop
-    release_freed_memory()
     state.bad_steps = 0 if finite else state.bad_steps + 1
     if not finite:
         log.warning("Step %d had a non-finite loss: skipping the step (%d in a row)", step, state.bad_steps)
