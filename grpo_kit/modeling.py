@@ -102,17 +102,71 @@ def per_token_logps_and_entropies(
     return in_length_groups(lambda part: _logps_and_entropies_of_logits(model, part, temperature, entropy_grad), batch)
 
 
+def model_inputs(
+    model, batch: dict[str, torch.Tensor], max_shift: int | None = None
+) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+    """The model's inputs for one pass over the prompts and completions of `batch`, and how far each row was moved
+    left (B,), for `completion_columns`.
+
+    Prompts are padded on the left and completions on the right, so each row's tokens are one span between padding.
+    Causal attention alone then keeps them from the padding once each row is moved left to start at column 0 (its
+    padding wrapped to its end): no attention mask is passed, and SDPA runs its causal kernel without one instead of
+    building and reading a (B, 1, W, W) mask (64 rows of 516 tokens, some left-padded, on the model of
+    benchmarks/race.py: the forward and backward pass 3.5 -> 3.1 s on one CPU thread).
+    Position ids keep each token's column in the padded layout, the positions that the masked pass gives it, so every
+    token's values are the masked pass's up to float rounding. The masked pass stays where a row has padding inside
+    its span (a custom rollout's mask may), where the moved padding's positions would pass the model's last one,
+    and where a row would move by more than `max_shift`.
+    """
+    input_ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)  # (B, W)
+    attention_mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)  # (B, W)
+    width = input_ids.shape[1]
+    columns = torch.arange(width, device=input_ids.device)  # (W,)
+    shift = attention_mask.argmax(dim=1)  # (B,) the row's padding before its first token
+    span = (columns >= shift[:, None]) & (columns < (shift + attention_mask.sum(dim=1))[:, None])  # (B, W)
+    last_position = getattr(unwrapped(model).config.get_text_config(), "max_position_embeddings", None)
+    longest_shift = int(shift.max())
+    if (
+        not torch.equal(span, attention_mask.bool())
+        or (last_position and width + longest_shift > last_position)
+        or (max_shift is not None and longest_shift > max_shift)
+    ):
+        return {"input_ids": input_ids, "attention_mask": attention_mask}, torch.zeros_like(shift)
+    if not shift.any():
+        return {"input_ids": input_ids}, shift
+    moved = (columns + shift[:, None]) % width  # (B, W): the columns each row's tokens come from
+    return {"input_ids": input_ids.gather(1, moved), "position_ids": columns + shift[:, None]}, shift
+
+
+def completion_columns(shift: torch.Tensor, length: int) -> tuple[torch.Tensor, torch.Tensor]:  # (B, 1), (B, T)
+    """Rows and columns that pick, from a pass over `model_inputs` cut to its last `length + shift.max()` positions
+    before the final one, the position that predicts each of the `length` completion tokens of each row."""
+    rows = torch.arange(len(shift), device=shift.device).unsqueeze(1)
+    return rows, (shift.max() - shift).unsqueeze(1) + torch.arange(length, device=shift.device)
+
+
+def unwrapped(model):
+    """The transformers model inside DDP/DeepSpeed's `.module` and the adapter-free reference of a LoRA policy."""
+    if isinstance(model, AdapterFreeReference):
+        model = model.policy
+    while isinstance(getattr(model, "module", None), torch.nn.Module):  # DistributedDataParallel, DeepSpeed
+        model = model.module
+    return model
+
+
 def _logps_and_entropies_of_logits(model, batch, temperature: float, entropy_grad: bool):  # (B, T), (B, T)
     completion_ids = batch["completion_ids"]
-    input_ids = torch.cat([batch["prompt_ids"], completion_ids], dim=1)  # (B, P + T)
-    attention_mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)
-    logits_to_keep = completion_ids.shape[1]
-    logits = model(input_ids=input_ids, attention_mask=attention_mask, logits_to_keep=logits_to_keep + 1).logits
-    logits = logits[:, :-1].float() / temperature  # (B, T, V): position t predicts completion token t
-    log_probs = logits.log_softmax(dim=-1)
-    per_token_logps = log_probs.gather(-1, completion_ids.unsqueeze(-1)).squeeze(-1)
+    length = completion_ids.shape[1]
+    width = batch["prompt_ids"].shape[1] + length
+    # Moved rows need `shift.max()` more positions of logits: no more numbers than the (B, 1, W, W) mask they save.
+    vocab = unwrapped(model).config.get_text_config().vocab_size
+    inputs, shift = model_inputs(model, batch, max_shift=width * width // vocab)
+    logits = model(**inputs, logits_to_keep=length + 1 + int(shift.max())).logits[:, :-1]  # the last predicts nothing
+    log_probs = (logits.float() / temperature).log_softmax(dim=-1)  # (B, T + shift.max(), V)
+    rows, columns = completion_columns(shift, length)  # position columns[b, t] predicts completion token t
+    per_token_logps = log_probs[rows, columns, completion_ids]  # (B, T)
     with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
-        entropies = -(log_probs.exp() * log_probs).sum(dim=-1)
+        entropies = -(log_probs.exp() * log_probs).sum(dim=-1)[rows, columns]
     return per_token_logps, entropies
 
 
@@ -128,9 +182,8 @@ class OutputHead:
     def __init__(self, model):
         self.adapters_off = contextlib.nullcontext
         if isinstance(model, AdapterFreeReference):
-            model, self.adapters_off = model.policy, model.policy.disable_adapter
-        while isinstance(getattr(model, "module", None), torch.nn.Module):  # DistributedDataParallel, DeepSpeed
-            model = model.module
+            self.adapters_off = model.policy.disable_adapter
+        model = unwrapped(model)
         self.module = model.get_output_embeddings()
         if self.module is None:
             raise ValueError(f"{type(model).__name__} has no output embeddings (get_output_embeddings() is None).")
@@ -166,12 +219,10 @@ def last_hidden_states(model, batch: dict[str, torch.Tensor], head: OutputHead) 
 
 
 def _last_hidden_states(model, batch: dict[str, torch.Tensor], head: OutputHead) -> torch.Tensor:
-    completion_ids = batch["completion_ids"]
-    input_ids = torch.cat([batch["prompt_ids"], completion_ids], dim=1)  # (B, P + T)
-    attention_mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)
+    inputs, shift = model_inputs(model, batch)
     hook = head.module.register_forward_pre_hook(head.record_autocast)
     try:
-        out = model(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True, logits_to_keep=1)
+        out = model(**inputs, output_hidden_states=True, logits_to_keep=1)
     finally:
         hook.remove()
     if getattr(out, "hidden_states", None) is None:
@@ -186,7 +237,9 @@ def _last_hidden_states(model, batch: dict[str, torch.Tensor], head: OutputHead)
                 f"(they differ by up to {difference:.3g}): the model post-processes its logits in a way the chunked "
                 "and Liger paths do not know. Use model.logits=full for this model."
             )
-    return hidden[:, -(completion_ids.shape[1] + 1) : -1]  # position t predicts completion token t
+    length = batch["completion_ids"].shape[1]
+    rows, columns = completion_columns(shift, length)
+    return hidden[:, -(length + 1 + int(shift.max())) : -1][rows, columns]  # position t predicts completion token t
 
 
 MIN_SAVING = 0.2  # two forward passes instead of one where they cover at least this share fewer positions

@@ -1,6 +1,6 @@
 """Less padding and fewer passes, the same gradient up to float rounding: micro-batches grouped by length and cut
-to their own longest completion, a micro-batch of mixed lengths run as two forward passes, old log-probs taken
-from the first training pass."""
+to their own longest completion, a micro-batch of mixed lengths run as two forward passes, rows moved left so that
+no attention mask is needed, old log-probs taken from the first training pass."""
 
 
 import pytest
@@ -10,7 +10,14 @@ from transformers import AutoModelForCausalLM
 import grpo_kit
 from grpo_kit.batching import group_by_length, moves_before_use, split
 from grpo_kit.errors import ConfigError
-from grpo_kit.modeling import _logps_and_entropies_of_logits, length_groups, per_token_logps_and_entropies
+from grpo_kit.modeling import (
+    OutputHead,
+    _logps_and_entropies_of_logits,
+    last_hidden_states,
+    length_groups,
+    model_inputs,
+    per_token_logps_and_entropies,
+)
 from grpo_kit.policy_loss import build_policy_loss
 from grpo_kit.testing import tiny_run
 from grpo_kit.trainer import Optimization
@@ -183,3 +190,62 @@ def test_a_micro_batch_of_mixed_lengths_runs_as_two_forward_passes_with_the_same
 def test_similar_lengths_stay_one_forward_pass():
     mask = (torch.arange(12) < torch.tensor([12, 11, 10, 12, 9, 12, 11, 10]).unsqueeze(1)).long()
     assert len(length_groups(mask, prompt_length=3)) == 1
+
+
+def masked_pass(model, batch, temperature: float = 1.0):  # (B, T): one pass with the attention mask, as TRL runs it
+    input_ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)
+    attention_mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)
+    length = batch["completion_ids"].shape[1]
+    logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, -length - 1 : -1] / temperature
+    return logits.log_softmax(dim=-1).gather(-1, batch["completion_ids"].unsqueeze(-1)).squeeze(-1)
+
+
+def logps_and_gradients(model, batch, forward):
+    model.zero_grad(set_to_none=True)
+    logps = forward(batch) * batch["completion_mask"]
+    logps.sum().backward()
+    return logps, [parameter.grad.clone() for parameter in model.parameters()]
+
+
+def assert_same_values_and_gradients(actual, expected):
+    torch.testing.assert_close(actual[0], expected[0], atol=1e-5, rtol=0)
+    for actual_gradient, expected_gradient in zip(actual[1], expected[1], strict=True):
+        torch.testing.assert_close(actual_gradient, expected_gradient, atol=1e-5, rtol=1e-5)
+
+
+def test_rows_moved_left_need_no_attention_mask_and_give_the_masked_pass_values_and_gradients(tiny_model):
+    model = AutoModelForCausalLM.from_pretrained(tiny_model)
+    batch = generation_batch(model.config.vocab_size, size=8, prompt_length=4, length=10)
+    batch["prompt_mask"][2, :3] = 0  # padding of 0, 1 and 3 tokens before the prompts
+    batch["completion_mask"][5] = 0  # a truncated completion that DAPO's masking took out
+    inputs, shift = model_inputs(model, batch)
+    assert "attention_mask" not in inputs and shift.tolist() == [0, 1, 3, 0, 1, 0, 0, 1]
+    head = OutputHead(model)
+
+    def from_hidden_states(part):
+        logits = head(last_hidden_states(model, part, head)) / 0.7
+        return logits.log_softmax(dim=-1).gather(-1, part["completion_ids"].unsqueeze(-1)).squeeze(-1)
+
+    expected = logps_and_gradients(model, batch, lambda part: masked_pass(model, part, 0.7))
+    plain = logps_and_gradients(model, batch, lambda part: _logps_and_entropies_of_logits(model, part, 0.7, False)[0])
+    assert_same_values_and_gradients(plain, expected)
+    assert_same_values_and_gradients(logps_and_gradients(model, batch, from_hidden_states), expected)
+
+
+@pytest.mark.parametrize("case", ["padding inside a row", "positions past the model's last", "a long move"])
+def test_the_masked_pass_stays_where_moving_rows_would_not_do(tiny_model, case):
+    model = AutoModelForCausalLM.from_pretrained(tiny_model)
+    batch = generation_batch(model.config.vocab_size, size=6, prompt_length=4, length=8)
+    batch["prompt_mask"][2, :3] = 0
+    max_shift = None
+    if case == "padding inside a row":
+        batch["completion_mask"][0, 2] = 0  # a token the completion holds but the model must not see
+    elif case == "positions past the model's last":
+        model.config.max_position_embeddings = 4 + 8 + 2  # the moved padding would reach position 14
+    else:
+        max_shift = 2
+    inputs, shift = model_inputs(model, batch, max_shift=max_shift)
+    assert "attention_mask" in inputs and not shift.any()
+    if case == "padding inside a row":
+        plain = logps_and_gradients(model, batch, lambda part: _logps_and_entropies_of_logits(model, part, 1.0, False)[0])
+        assert_same_values_and_gradients(plain, logps_and_gradients(model, batch, lambda part: masked_pass(model, part)))

@@ -124,7 +124,8 @@ def test_no_logits_tensor_larger_than_a_chunk_exists(registry, tiny_model):
         policy_loss(model, batch, 1, 1, 1).loss.backward()
 
     plain_shapes = largest_head_outputs(model, lambda: train_step(full))
-    assert torch.Size([4, 7, vocab]) in plain_shapes  # (B, T + 1, V): what the chunked path does without
+    # (B, T + 1 + the longest prompt padding, V): what the chunked path does without
+    assert any(shape[0] == 4 and shape[1] >= 7 and shape[2] == vocab for shape in plain_shapes), plain_shapes
     chunked_shapes = largest_head_outputs(model, lambda: train_step(chunked))
     # The model's own last-position logits (B, 1, V), then chunks of at most 5 positions, recomputed in the backward.
     assert max(shape.numel() for shape in chunked_shapes) <= 5 * vocab, chunked_shapes
