@@ -1,8 +1,11 @@
 """The lean sampling loop samples what `model.generate` samples.
 
-Three checks, each able to catch a different mistake:
-- while no row has ended, with the same seed, its tokens and their log-probs are `generate`'s, bit for bit, under
-  every sampling setting (a wrong processor, order or position numbering changes them);
+Four checks, each able to catch a different mistake:
+- while no row has ended, with the same seed, its tokens are `generate`'s, bit for bit, and their log-probs too up
+  to the float rounding of the new token's attention, under every sampling setting (a wrong processor, order or
+  position numbering changes them);
+- that attention (`decode_attention`, on the CPU) gives SDPA's values up to float rounding, with and without
+  padding and grouped heads;
 - once rows end and leave the batch, every log-prob it returns is the one a fresh forward pass over that row's own
   prefix gives, after the same processors (a row mixed up with another, or a cache gone stale, would not be);
 - over many samples, its completion lengths follow `generate`'s distribution (a chi-square test).
@@ -14,7 +17,15 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
-from grpo_kit_transformers.sampling import logits_processors, prepared, sample, why_not_lean
+from grpo_kit_transformers.sampling import (
+    DECODE_ATTENTION,
+    attention_for_sampling,
+    decode_attention,
+    logits_processors,
+    prepared,
+    sample,
+    why_not_lean,
+)
 
 SETTINGS = [
     dict(temperature=1.0),
@@ -52,7 +63,51 @@ def test_while_no_row_has_ended_it_samples_the_tokens_generate_samples(model_and
     ids, logps = sample(model, prompts["input_ids"], prompts["attention_mask"], generation_config, with_logprobs=True)
     assert torch.equal(ids, out.sequences[:, prompts["input_ids"].shape[1] :])
     expected = torch.stack(out.scores, dim=1).log_softmax(-1).gather(-1, ids.unsqueeze(-1)).squeeze(-1)
-    assert torch.equal(logps, expected)
+    torch.testing.assert_close(logps, expected, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("kv_heads", [4, 2, 1])
+@pytest.mark.parametrize("mask", ["none", "bool", "float"])
+def test_the_attention_of_a_new_token_is_sdpas(kv_heads, mask):
+    generator = torch.Generator().manual_seed(kv_heads)
+    batch, heads, length, dim = 6, 4, 37, 16
+    query = torch.randn(batch, heads, 1, dim, generator=generator)
+    keys = torch.randn(batch, kv_heads, dim, length + 5, generator=generator)[..., :length].transpose(-1, -2)
+    values = torch.randn(batch, kv_heads, length, dim, generator=generator)
+    padding = torch.arange(length) >= torch.tensor([0, 3, 0, 7, 1, 0]).unsqueeze(1)  # (B, T): left padding
+    attention_mask = {
+        "none": None,
+        "bool": padding[:, None, None, :],
+        "float": torch.zeros(batch, 1, 1, length).masked_fill(~padding[:, None, None, :], torch.finfo(torch.float).min),
+    }[mask]
+    module = torch.nn.Module()
+    module.num_key_value_groups = heads // kv_heads
+    out, _ = decode_attention(module, query, keys, values, attention_mask, scaling=0.3)  # (B, 1, H, D)
+    expected = torch.nn.functional.scaled_dot_product_attention(
+        query, keys.repeat_interleave(heads // kv_heads, 1), values.repeat_interleave(heads // kv_heads, 1),
+        attn_mask=attention_mask, scale=0.3,
+    ).transpose(1, 2)
+    torch.testing.assert_close(out, expected, atol=1e-6, rtol=1e-5)
+
+
+def test_a_cpu_model_on_sdpa_samples_with_decode_attention_and_gets_its_own_back(model_and_prompts):
+    model, tokenizer, prompts = model_and_prompts
+    assert model.config._attn_implementation == "sdpa"
+    seen = []
+    hook = model.model.layers[0].self_attn.register_forward_pre_hook(
+        lambda module, args: seen.append(module.config._attn_implementation)
+    )
+    try:
+        sample(model, prompts["input_ids"], prompts["attention_mask"], config(tokenizer, 3))
+    finally:
+        hook.remove()
+    assert seen == [DECODE_ATTENTION] * 3 and model.config._attn_implementation == "sdpa"
+    model.config._attn_implementation = "eager"
+    try:
+        with attention_for_sampling(model) as transposed_keys:
+            assert not transposed_keys and model.config._attn_implementation == "eager"
+    finally:
+        model.config._attn_implementation = "sdpa"
 
 
 @pytest.mark.parametrize("settings", SETTINGS)
