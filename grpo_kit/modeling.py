@@ -10,6 +10,7 @@ from torch import nn
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from grpo_kit import embedded
+from grpo_kit.causal_attention import chunked_causal_attention_on_cpu
 from grpo_kit.config import ModelConfig
 from grpo_kit.lora import AdapterFreeReference, add_adapters, check_peft_installed, has_adapters
 
@@ -161,7 +162,8 @@ def _logps_and_entropies_of_logits(model, batch, temperature: float, entropy_gra
     # Moved rows need `shift.max()` more positions of logits: no more numbers than the (B, 1, W, W) mask they save.
     vocab = unwrapped(model).config.get_text_config().vocab_size
     inputs, shift = model_inputs(model, batch, max_shift=width * width // vocab)
-    logits = model(**inputs, logits_to_keep=length + 1 + int(shift.max())).logits[:, :-1]  # the last predicts nothing
+    with chunked_causal_attention_on_cpu(unwrapped(model)):
+        logits = model(**inputs, logits_to_keep=length + 1 + int(shift.max())).logits[:, :-1]  # the last predicts nothing
     log_probs = (logits.float() / temperature).log_softmax(dim=-1)  # (B, T + shift.max(), V)
     rows, columns = completion_columns(shift, length)  # position columns[b, t] predicts completion token t
     per_token_logps = log_probs[rows, columns, completion_ids]  # (B, T)
@@ -222,7 +224,8 @@ def _last_hidden_states(model, batch: dict[str, torch.Tensor], head: OutputHead)
     inputs, shift = model_inputs(model, batch)
     hook = head.module.register_forward_pre_hook(head.record_autocast)
     try:
-        out = model(**inputs, output_hidden_states=True, logits_to_keep=1)
+        with chunked_causal_attention_on_cpu(unwrapped(model)):
+            out = model(**inputs, output_hidden_states=True, logits_to_keep=1)
     finally:
         hook.remove()
     if getattr(out, "hidden_states", None) is None:
