@@ -8,6 +8,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 import grpo_kit
+from grpo_kit import causal_attention
 from grpo_kit.batching import group_by_length, moves_before_use, split
 from grpo_kit.errors import ConfigError
 from grpo_kit.modeling import (
@@ -213,9 +214,18 @@ def assert_same_values_and_gradients(actual, expected):
         torch.testing.assert_close(actual_gradient, expected_gradient, atol=1e-5, rtol=1e-5)
 
 
-def test_rows_moved_left_need_no_attention_mask_and_give_the_masked_pass_values_and_gradients(tiny_model):
+@pytest.mark.parametrize("length", [10, 250])  # 254 tokens: the CPU's chunked causal attention (causal_attention.py)
+def test_rows_moved_left_need_no_attention_mask_and_give_the_masked_pass_values_and_gradients(
+    tiny_model, length, monkeypatch
+):
+    chunked_passes = []
+    real = causal_attention.ChunkedCausalAttention.apply
+    monkeypatch.setattr(
+        causal_attention.ChunkedCausalAttention, "apply", lambda *args: chunked_passes.append(1) or real(*args)
+    )
     model = AutoModelForCausalLM.from_pretrained(tiny_model)
-    batch = generation_batch(model.config.vocab_size, size=8, prompt_length=4, length=10)
+    model.config.max_position_embeddings = 512  # RoPE's positions go on past the tiny model's 128
+    batch = generation_batch(model.config.vocab_size, size=8, prompt_length=4, length=length)
     batch["prompt_mask"][2, :3] = 0  # padding of 0, 1 and 3 tokens before the prompts
     batch["completion_mask"][5] = 0  # a truncated completion that DAPO's masking took out
     inputs, shift = model_inputs(model, batch)
@@ -230,6 +240,7 @@ def test_rows_moved_left_need_no_attention_mask_and_give_the_masked_pass_values_
     plain = logps_and_gradients(model, batch, lambda part: _logps_and_entropies_of_logits(model, part, 0.7, False)[0])
     assert_same_values_and_gradients(plain, expected)
     assert_same_values_and_gradients(logps_and_gradients(model, batch, from_hidden_states), expected)
+    assert bool(chunked_passes) == (length == 250)
 
 
 @pytest.mark.parametrize("case", ["padding inside a row", "positions past the model's last", "a long move"])
