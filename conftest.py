@@ -18,7 +18,7 @@ def registry(monkeypatch):
     return Registry(plugin_manager())
 
 
-TRL_VERSION = "1.16.0"  # the TRL whose GRPOTrainer grpo_kit computes exactly (DESIGN.md), pinned in the test extra
+TRL_VERSION = "1.16.0"  # the TRL whose GRPOTrainer grpo_kit computes exactly (docs/architecture.md), pinned in requirements.txt
 
 
 @pytest.fixture(scope="session")
@@ -33,7 +33,7 @@ def trl():
         if module.__version__ == TRL_VERSION:
             return module
         problem = f"trl {module.__version__} is installed"
-    reason = f"{problem}; the comparisons need trl=={TRL_VERSION}: pip install -e '.[test]'"
+    reason = f"{problem}; the comparisons need trl=={TRL_VERSION}: pip install -r requirements.txt"
     if os.environ.get("GRPO_KIT_REQUIRE_TRL") == "1":
         pytest.fail(f"GRPO_KIT_REQUIRE_TRL=1, but {reason}", pytrace=False)
     pytest.skip(reason)
