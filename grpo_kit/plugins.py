@@ -10,6 +10,7 @@ import functools
 import importlib
 import importlib.metadata
 import inspect
+import logging
 import os
 import re
 from dataclasses import dataclass
@@ -22,6 +23,8 @@ from omegaconf.errors import MissingMandatoryValue
 from grpo_kit import hookspecs, kinds
 from grpo_kit.errors import ConfigError, PluginError
 from grpo_kit.kinds import KINDS, MULTI_CHOICE_KINDS, PROTOCOLS, GenerationConfig, RewardConfig
+
+log = logging.getLogger(__name__)
 
 ENTRY_POINT_GROUP = "grpo_kit"
 
@@ -86,17 +89,26 @@ class PluginManager(pluggy.PluginManager):
         super().__init__("grpo_kit")
         self.add_hookspecs(hookspecs)
         self.distributions: dict[str, str] = {}  # plugin module's registered name -> "dist version"
-        self.disabled_names = frozenset(disabled_names)  # NAME blocks it in every kind, KIND:NAME in one
+        # Entry points that failed to import: why, by entry-point name. Their plugins are missing, so only a run
+        # that selects one of them fails (Registry.get says why); every other command works.
+        self.broken: dict[str, str] = {}
+        # NAME blocks it in every kind, KIND:NAME in one; either with @DISTRIBUTION blocks only that distribution's.
+        self.disabled_names = frozenset(disabled_names)
         for blocked in self.disabled_names:
-            kind, _, name = blocked.rpartition(":")
-            if (kind and kind not in KINDS) or not name:
+            kind, _, name = blocked.partition("@")[0].rpartition(":")
+            if (kind and kind not in KINDS) or not name or blocked.endswith("@"):
                 raise PluginError(
                     f"GRPO_KIT_DISABLE_PLUGINS holds {blocked!r}, which is neither NAME (blocked in every kind) nor "
-                    f"KIND:NAME with KIND one of {', '.join(KINDS)}: fix that entry."
+                    f"KIND:NAME with KIND one of {', '.join(KINDS)}, each optionally followed by @DISTRIBUTION: fix "
+                    "that entry."
                 )
 
-    def is_disabled(self, kind: str, name: str) -> bool:
-        return name in self.disabled_names or f"{kind}:{name}" in self.disabled_names
+    def is_disabled(self, kind: str, name: str, distribution: str) -> bool:
+        """`distribution`: "grpo-kit-losses 0.1.0" or "local module mylab.losses"; its name is what @ matches."""
+        source = _source(distribution)
+        return any(
+            entry in self.disabled_names for entry in (name, f"{kind}:{name}", f"{name}@{source}", f"{kind}:{name}@{source}")
+        )
 
 
 def plugin_manager(
@@ -134,10 +146,12 @@ def _register_entry_point(pm: PluginManager, entry_point) -> None:
     try:
         module = entry_point.load()
     except Exception as error:
-        raise PluginError(
-            f"The grpo_kit entry point {entry_point.name!r} = {entry_point.value!r} of distribution "
-            f"{distribution} failed to load: {error!r}. Reinstall or uninstall that distribution."
-        ) from error
+        pm.broken[entry_point.name] = (
+            f"the grpo_kit entry point {entry_point.name!r} = {entry_point.value!r} of distribution "
+            f"{distribution} failed to load: {error!r}. Reinstall or uninstall that distribution"
+        )
+        log.warning("Skipped a broken plugin distribution: %s.", pm.broken[entry_point.name])
+        return
     if pm.is_registered(module):
         return
     pm.register(module, name=entry_point.name)
@@ -157,7 +171,7 @@ class Registry:
                 distribution = pm.distributions.get(module_name, f"local module {module_name}")
 
                 def register(name, implementation, config=None, *, kind=kind, distribution=distribution, **traits):
-                    if not pm.is_disabled(kind, name):
+                    if not pm.is_disabled(kind, name, distribution):
                         self._add(kind, name, implementation, config, distribution, traits)
 
                 hookimpl.function(register=register)
@@ -184,7 +198,8 @@ class Registry:
         if existing is not None:
             raise PluginError(
                 f"Two {kind} plugins are named {name!r}: one from {existing.distribution}, one from {distribution}. "
-                "Uninstall one of them, or block one with GRPO_KIT_DISABLE_PLUGINS."
+                f"Uninstall one of them, or block one with GRPO_KIT_DISABLE_PLUGINS={kind}:{name}@{_source(distribution)} "
+                f"(or {kind}:{name}@{_source(existing.distribution)})."
             )
         traits = _traits(where, kind, implementation, declared_traits)
         self._plugins[kind][name] = Plugin(kind, name, implementation, config, distribution, traits)
@@ -203,9 +218,12 @@ class Registry:
             return self._plugins[kind][name]
         except KeyError:
             installed = ", ".join(self.names(kind)) or "none"
+            broken = "".join(
+                f" It may come from a distribution that failed to load: {why}." for why in self.plugin_manager.broken.values()
+            )
             raise PluginError(
                 f"No {kind} plugin named {name!r} is installed (installed: {installed}). "
-                "Is the distribution that provides it installed in this environment? `grpo-kit plugins` lists them."
+                f"Is the distribution that provides it installed in this environment? `grpo-kit plugins` lists them.{broken}"
             ) from None
 
     def build(self, kind: str, name: str, options: Any) -> Any:
@@ -323,6 +341,11 @@ def _bind_options(function, config):
 
 
 _BASE_FIELDS = {f.name for f in dataclasses.fields(RewardConfig)}
+
+
+def _source(distribution: str) -> str:
+    """What GRPO_KIT_DISABLE_PLUGINS's @ names: the distribution's name, or a local module's."""
+    return distribution.removeprefix("local module ").split(" ")[0]
 
 
 def _env_list(variable: str) -> list[str]:

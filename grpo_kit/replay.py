@@ -6,11 +6,13 @@ alone. (Replayed completions were sampled from the recorded run's policy, so aft
 off-policy for the replaying run: that is what a paired comparison on frozen data means.)
 """
 
+import pickle
 from dataclasses import asdict
 from pathlib import Path
 
 import torch
 
+from grpo_kit.errors import InputFileError
 from grpo_kit.kinds import Completions
 from grpo_kit.pipeline import ScoredBatch
 
@@ -71,7 +73,13 @@ class RolloutReplay:
         return self._load(self.count - 1)
 
     def _load(self, index: int) -> ScoredBatch:
-        record = torch.load(self.files[index], weights_only=False)
+        try:  # tensors and plain data only: unpickling anything else could run the file's code
+            record = torch.load(self.files[index], weights_only=True)
+        except pickle.UnpicklingError as error:
+            raise InputFileError(
+                f"{self.files[index]} holds more than tensors and plain data, so it was not loaded (loading it could "
+                f"run code it carries): replay only rollouts a grpo_kit run saved. torch says: {error}"
+            ) from None
         record.pop("advantages")
         record["generated"] = Completions(**record["generated"])
         return ScoredBatch(**record)

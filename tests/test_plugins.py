@@ -1,6 +1,7 @@
 """Discovery: entry points, local modules, the block list, and the errors a plugin author meets."""
 
 import importlib.metadata
+import re
 from dataclasses import dataclass, field
 
 import pytest
@@ -84,6 +85,25 @@ def test_blocked_name_resolves_a_clash(local_plugin, monkeypatch):
     assert "dapo" not in registry.names("loss") and "grpo" in registry.names("loss")
 
 
+def test_the_advice_of_a_clash_keeps_one_of_the_two(local_plugin, monkeypatch):
+    module = local_plugin("clashing_loss3", """
+        import grpo_kit
+        from grpo_kit_losses.grpo import GRPO
+
+        @grpo_kit.hookimpl
+        def register_losses(register):
+            register("dapo", GRPO)
+    """)
+    with pytest.raises(PluginError) as clash:
+        Registry(plugin_manager(local_modules=[module]))
+    advice = re.findall(r"loss:dapo@([\w.-]+)", str(clash.value))
+    assert sorted(advice) == sorted(["grpo-kit-losses", module])
+    for blocked, kept in zip(advice, reversed(advice)):
+        monkeypatch.setenv("GRPO_KIT_DISABLE_PLUGINS", f"loss:dapo@{blocked}")
+        registry = Registry(plugin_manager(local_modules=[module]))
+        assert kept in registry.get("loss", "dapo").distribution
+
+
 def test_unknown_name_lists_installed_choices(registry):
     with pytest.raises(PluginError, match=r"No loss plugin named .nope.*installed: bnpo, cispo, dapo.*installed"):
         registry.get("loss", "nope")
@@ -153,19 +173,23 @@ def test_uninstalling_a_distribution_removes_only_its_names(monkeypatch):
         reduced.get("loss", "grpo")
 
 
-def test_entry_point_that_fails_to_import_names_itself_its_distribution_and_the_cause(monkeypatch):
+def test_a_broken_entry_point_is_skipped_and_named_where_a_run_would_need_it(monkeypatch, caplog):
     installed = importlib.metadata.entry_points
     losses = next(ep for ep in installed(group="grpo_kit") if ep.value == "grpo_kit_losses.plugin")
     broken = importlib.metadata.EntryPoint("mylab", "mylab_missing.plugin", "grpo_kit")
     broken = broken._for(losses.dist)  # as if the losses distribution declared it
-
     monkeypatch.setattr(importlib.metadata, "entry_points", lambda **selection: [*installed(**selection), broken])
-    with pytest.raises(
-        PluginError,
-        match=r"entry point 'mylab' = 'mylab_missing.plugin' of distribution grpo-kit-losses 0\.1\.0 failed to load: "
-        r"ModuleNotFoundError\(\"No module named 'mylab_missing'\"\)",
-    ):
-        plugin_manager(local_modules=[])
+
+    registry = Registry(plugin_manager(local_modules=[]))  # the other plugins, built-ins included, still load
+
+    cause = (
+        r"entry point 'mylab' = 'mylab_missing.plugin' of distribution grpo-kit-losses 0\.1\.0 failed to load: "
+        r"ModuleNotFoundError\(\"No module named 'mylab_missing'\"\)"
+    )
+    assert re.search(cause, caplog.text)
+    assert "dapo" in registry.names("loss")
+    with pytest.raises(PluginError, match=rf"No loss plugin named 'mylab_loss'.*failed to load.*{cause}"):
+        registry.get("loss", "mylab_loss")
 
 
 def test_blocking_kind_and_name_blocks_that_kind_only(local_plugin, monkeypatch):

@@ -4,7 +4,9 @@ import pytest
 import torch
 
 import grpo_kit
+from grpo_kit.errors import InputFileError
 from grpo_kit.plugins import Registry, plugin_manager
+from grpo_kit.replay import RolloutReplay
 
 
 @pytest.fixture
@@ -61,3 +63,22 @@ def test_replay_checks_the_batch_shape_before_loading_a_model(registry, tiny_mod
     )
     with pytest.raises(ValueError, match="hold 8 completions of 4 per prompt"):
         grpo_kit.train(cfg, tmp_path / "other", registry)
+
+
+class RunsCode:
+    """What a crafted rollouts file may hold: unpickling it calls `marker.write_text`."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (type(self.marker).write_text, (self.marker, "ran"))
+
+
+def test_a_rollouts_file_that_would_run_code_is_refused(tmp_path):
+    marker = tmp_path / "marker"
+    (tmp_path / "rollouts").mkdir()
+    torch.save({"rows": [RunsCode(marker)]}, tmp_path / "rollouts" / "000001.pt")
+    with pytest.raises(InputFileError, match=r"000001\.pt holds more than tensors and plain data"):
+        RolloutReplay(tmp_path, num_generations=4, batch_size=8)
+    assert not marker.exists()
