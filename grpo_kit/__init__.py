@@ -39,6 +39,9 @@ _IMPORTED_ON_USE = {
     "ScoredBatch": "grpo_kit.pipeline",
     "build_advantage": "grpo_kit.builders",
     "build_objective": "grpo_kit.objective",
+    "eos_mask": "grpo_kit.eos",
+    "eos_token_ids": "grpo_kit.eos",
+    "is_truncated": "grpo_kit.eos",
     "train": "grpo_kit.trainer",
 }
 
@@ -76,6 +79,9 @@ __all__ = [
     "build_advantage",
     "build_objective",
     "compose",
+    "eos_mask",
+    "eos_token_ids",
     "hookimpl",
+    "is_truncated",
     "train",
 ]

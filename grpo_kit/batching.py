@@ -27,7 +27,7 @@ def group_by_length(cfg, loss, steps_per_generation: int) -> bool:
                        "accumulation_invariant)")
     if algo.top_entropy_quantile < 1.0:
         reasons.append("algorithm.top_entropy_quantile takes the quantile of each micro-batch's entropies")
-    if algo.entropy_coef != 0.0:
+    if algo.entropy_coef != 0.0 or algo.use_adaptive_entropy:
         reasons.append("algorithm.entropy_coef rewards each micro-batch's mean entropy")
     if steps_per_generation % accumulation:
         reasons.append(f"a generation batch of {steps_per_generation} micro-batches is not a whole number of steps "

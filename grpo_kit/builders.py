@@ -41,7 +41,9 @@ def build_hooks(cfg: DictConfig, registry: Registry) -> list:
     return [registry.build("hook", node.name, options(node)) for node in cfg.hook.values()]
 
 
-def build_tool_use(cfg: DictConfig, registry: Registry, tokenizer, generation, accelerator) -> ToolUse | None:
+def build_tool_use(
+    cfg: DictConfig, registry: Registry, tokenizer, generation, accelerator, eos_token_ids: list[int]
+) -> ToolUse | None:
     """The multi-turn loop when the run has tools (`tools=[...]`) or an environment (`+environment=NAME`)."""
     if not cfg.tools and cfg.environment is None:
         return None
@@ -62,7 +64,7 @@ def build_tool_use(cfg: DictConfig, registry: Registry, tokenizer, generation, a
     algo = cfg.algorithm
     return ToolUse(
         tokenizer, generation, accelerator, tool_functions(list(cfg.tools)), environment,
-        cfg.generation.max_completion_length, algo.max_tool_calling_iterations, algo.tool_timeout,
+        cfg.generation.max_completion_length, algo.max_tool_calling_iterations, algo.tool_timeout, eos_token_ids,
     )
 
 

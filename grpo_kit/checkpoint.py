@@ -1,8 +1,9 @@
 """Checkpoints: everything a run needs to go on exactly where it stopped, written so a crash never corrupts one.
 
-A checkpoint is RUN_DIR/checkpoints/step-000123/ with the trainer's whole TrainState (grpo_kit/trainer.py) and a
-copy of metrics.jsonl and samples.jsonl so far. It is written into a temporary folder and renamed into place, so
-a folder named step-* is always complete; only the newest `keep` are kept. This module also decides whether a run
+A checkpoint is RUN_DIR/checkpoints/step-000123/ with the trainer's whole TrainState (grpo_kit/trainer.py), or
+with `trainer.save_only_model` the model's weights only (in model/, for from_pretrained), and a copy of
+metrics.jsonl and samples.jsonl so far. It is written into a temporary folder and renamed into place, so a folder
+named step-* is always complete; only the newest `keep` are kept. This module also decides whether a run
 may use a directory at all (`claim_run_directory`), before anything is written into it.
 """
 
@@ -11,6 +12,7 @@ import logging
 import random
 import shlex
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -23,9 +25,12 @@ log = logging.getLogger(__name__)
 
 CHECKPOINTS = "checkpoints"
 PREFIX = "step-"
+MODEL = "model"  # a checkpoint's weights when it holds nothing else
 
 
-def save_checkpoint(run_dir: Path, step: int, state: dict, keep: int, parts: Path | None = None) -> Path:
+def save_checkpoint(run_dir: Path, step: int, write: Callable[[Path], None], keep: int) -> Path:
+    """The checkpoint of `step`, whose contents `write` puts into the folder it is given (`write_state`,
+    `write_weights`)."""
     root = Path(run_dir) / CHECKPOINTS
     root.mkdir(exist_ok=True)
     final = root / f"{PREFIX}{step:06d}"
@@ -33,9 +38,7 @@ def save_checkpoint(run_dir: Path, step: int, state: dict, keep: int, parts: Pat
     shutil.rmtree(staging, ignore_errors=True)  # left by a crash during an earlier attempt
     staging.mkdir()
     try:
-        torch.save(state, staging / "state.pt")
-        if parts is not None:  # accelerator.save_state's folder (FSDP, DeepSpeed), written by every process
-            parts.rename(staging / "accelerate")
+        write(staging)
         for name in ("metrics.jsonl", "samples.jsonl"):
             if (Path(run_dir) / name).exists():
                 shutil.copy2(Path(run_dir) / name, staging / name)
@@ -54,6 +57,21 @@ def save_checkpoint(run_dir: Path, step: int, state: dict, keep: int, parts: Pat
     return final
 
 
+def write_state(folder: Path, state: dict, parts: Path | None) -> None:
+    torch.save(state, folder / "state.pt")
+    if parts is not None:  # accelerator.save_state's folder (FSDP, DeepSpeed), written by every process
+        parts.rename(folder / "accelerate")
+
+
+def write_weights(folder: Path, model, weights: dict, tokenizer) -> None:
+    model.save_pretrained(folder / MODEL, state_dict=weights)
+    tokenizer.save_pretrained(folder / MODEL)
+
+
+def holds_weights_only(checkpoint: Path) -> bool:
+    return (checkpoint / MODEL).is_dir() and not (checkpoint / "state.pt").exists()
+
+
 def find_checkpoint(resume: str, run_dir: Path) -> Path | None:
     """`auto`: the newest checkpoint of run_dir, or None; otherwise the checkpoint (or run directory) named."""
     if resume == "auto":
@@ -62,7 +80,7 @@ def find_checkpoint(resume: str, run_dir: Path) -> Path | None:
     path = Path(resume)
     if (path / CHECKPOINTS).is_dir():
         path = find_checkpoint("auto", path)
-    if path is None or not (path / "state.pt").exists():
+    if path is None or not ((path / "state.pt").exists() or holds_weights_only(path)):
         raise InputFileError(
             f"trainer.resume={resume} is neither a checkpoint (a folder with state.pt) nor a run directory with "
             f"checkpoints: pass RUN_DIR/checkpoints/step-NNNNNN, a run directory, or auto."
@@ -79,6 +97,13 @@ def claim_run_directory(run_dir: Path, resume: str | None) -> Path | None:
     """
     run_dir = Path(run_dir)
     checkpoint = find_checkpoint(resume, run_dir) if resume else None
+    if checkpoint is not None and holds_weights_only(checkpoint):
+        raise ConfigError(
+            f"{checkpoint} holds the model's weights only (trainer.save_only_model=true): no optimizer, schedule, "
+            "random generators or data position, so no run can go on from it exactly. Train into another "
+            f"directory from these weights with model.name_or_path={checkpoint / MODEL}, or resume from a whole "
+            "checkpoint (trainer.save_only_model=false writes them)."
+        )
     if checkpoint is not None:
         return checkpoint
     trained = trained_steps(run_dir)
@@ -164,7 +189,7 @@ LENGTH_SETTINGS = {"trainer.max_steps", "trainer.num_train_epochs"}
 
 
 def _schedule_is_constant(cfg: DictConfig) -> bool:
-    return cfg.trainer.lr_scheduler_type == "constant" and cfg.trainer.warmup_ratio == 0
+    return cfg.trainer.lr_scheduler_type == "constant"  # which takes no warmup (grpo_kit/optimizers.py)
 
 
 def _why_it_matters(key: str, cfg: DictConfig) -> str:

@@ -9,7 +9,7 @@ from grpo_kit.data import looks_local, prompt_text
 from grpo_kit.errors import ConfigError, InputFileError
 from grpo_kit.kinds import declared
 
-TRL_ARGUMENTS = {"prompts", "completions", "completion_ids"}
+TRL_ARGUMENTS = {"prompts", "completions", "completion_ids", "trainer_state", "log_extra", "log_metric"}
 
 
 def check_model_path(name_or_path: str | None) -> None:

@@ -16,7 +16,8 @@ from grpo_kit.plugins import Registry
 log = logging.getLogger(__name__)
 
 
-MIXED_PRECISIONS = ("no", "bf16", "fp16")
+MIXED_PRECISIONS = ("no", "bf16", "fp16", "auto")
+GRADIENT_CHECKPOINTING = (True, False, "auto")
 
 
 def check_compatibility(cfg: DictConfig, registry: Registry) -> None:
@@ -37,7 +38,14 @@ def check_compatibility(cfg: DictConfig, registry: Registry) -> None:
             cfg.loss.name, advice, cfg.importance_sampling.name, wanted,
         )
     accepted = loss["rollout_correction_levels"]
-    if correction_level is not None and accepted is not None and correction_level not in accepted:
+    corrected = correction_level is not None and corrects_rollouts(cfg, registry)
+    if correction_level is not None and not corrected:
+        log.info(
+            "rollout_correction=%s is off: generation=%s samples with the trained model itself, and "
+            "algorithm.correct_policy_sampler=false corrects other samplers only (vLLM's, as TRL does).",
+            cfg.rollout_correction.name, cfg.generation.name,
+        )
+    if corrected and accepted is not None and correction_level not in accepted:
         raise ConfigError(
             f"loss {cfg.loss.name} takes only {'/'.join(accepted)}-level rollout corrections, but "
             f"rollout_correction={cfg.rollout_correction.name} is {correction_level}-level: choose one of "
@@ -55,6 +63,11 @@ def check_compatibility(cfg: DictConfig, registry: Registry) -> None:
         )
     if not 0.0 <= algo.top_entropy_quantile <= 1.0:
         raise ConfigError(f"algorithm.top_entropy_quantile={algo.top_entropy_quantile} must lie in [0, 1] (0.2 in its paper).")
+    if algo.use_adaptive_entropy and algo.entropy_coef_min > algo.entropy_coef_max:
+        raise ConfigError(
+            f"algorithm.entropy_coef_min={algo.entropy_coef_min} is above algorithm.entropy_coef_max="
+            f"{algo.entropy_coef_max}: adaptive entropy control keeps the coefficient between them."
+        )
     if algo.off_policy_mask_threshold is not None and algo.off_policy_mask_threshold <= 0:
         raise ConfigError(
             f"algorithm.off_policy_mask_threshold={algo.off_policy_mask_threshold} is a KL bound and must be "
@@ -70,6 +83,11 @@ def check_compatibility(cfg: DictConfig, registry: Registry) -> None:
     if cfg.trainer.mixed_precision not in MIXED_PRECISIONS:
         raise ConfigError(
             f"trainer.mixed_precision={cfg.trainer.mixed_precision} is not one of {', '.join(MIXED_PRECISIONS)}."
+        )
+    if cfg.model.gradient_checkpointing not in GRADIENT_CHECKPOINTING:
+        raise ConfigError(
+            f"model.gradient_checkpointing={cfg.model.gradient_checkpointing} must be true, false or auto (on where "
+            "the model supports it)."
         )
     if cfg.eval.num_generations is not None and cfg.eval.num_generations < 1:
         raise ConfigError(f"eval.num_generations={cfg.eval.num_generations} must be at least 1 (or null: as training).")
@@ -91,7 +109,7 @@ def check_generation(generation: DictConfig) -> None:
     if generation.max_completion_length < 1:
         raise ConfigError(
             f"generation.max_completion_length={generation.max_completion_length} must be at least 1: it is the "
-            "number of tokens a completion may have (256 is TRL's default)."
+            "number of tokens a completion may have (512 is TRL's default)."
         )
 
 
@@ -110,6 +128,15 @@ def check_training_length(trainer: DictConfig) -> None:
             "(trainer.max_steps=500, say), or trainer.max_steps=-1 to train trainer.num_train_epochs passes over "
             "the prompts."
         )
+
+
+def corrects_rollouts(cfg: DictConfig, registry: Registry) -> bool:
+    """Whether the chosen rollout correction applies to this run's samples. The transformers backend samples with
+    the trained model itself, so its log-probs differ from the trainer's by rounding only: TRL corrects under vLLM
+    alone (a rollout_func's samples too), and algorithm.correct_policy_sampler=false (model=hf) does the same."""
+    if cfg.algorithm.correct_policy_sampler:
+        return True
+    return not registry.get("generation", cfg.generation.name).traits["samples_from_policy"]
 
 
 def _corrections_of_level(registry: Registry, levels) -> list[str]:

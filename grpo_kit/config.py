@@ -64,9 +64,14 @@ class ModelConfig:
     # A dict for from_pretrained: model.model_init_kwargs={dtype:bfloat16}. `Any`, not `dict`: Hydra
     # rejects new keys in a typed dict, and these keys are free.
     model_init_kwargs: Any = None
+    # Run the model's and its tokenizer's own code from the hub (and the reward model's, unless its reward says
+    # otherwise): only for a repository you trust.
+    trust_remote_code: bool = False
     disable_dropout: bool = False  # every dropout off: the same input then always gets the same log-probs
     cast_lm_head_to_fp32: bool = False  # ScaleRL (arXiv 2510.13786): logits in float32; untied heads only
-    gradient_checkpointing: bool = False  # recompute activations in the backward pass: less memory, more time
+    # Recompute activations in the backward pass: less memory, more time (trainer.gradient_checkpointing_kwargs
+    # tunes it). true, false, or auto: on where the model supports it, which the log says.
+    gradient_checkpointing: Any = False
     # Large vocabularies (docs/training.md): full materialises the (B, T, V) logits; chunked never does (log-probs
     # from the last hidden states, logits_chunk_size positions at a time); liger uses liger-kernel's fused linear
     # GRPO loss where it equals the plain loss (TRL's use_liger_kernel; pip install 'grpo-kit[liger]'), else chunked.
@@ -81,7 +86,10 @@ class DataConfig:
     path: str | None = None  # json/jsonl/parquet/csv file, or a hub dataset; None generates the embedded task
     name: str | None = None  # the hub dataset's configuration
     split: str = "train"
-    shuffle: bool = True
+    shuffle: bool = True  # false: the dataset's own order, epoch after epoch (TRL's shuffle_dataset)
+    # Extra variables for the tokenizer's chat template, wherever a chat prompt is rendered (training, evaluation,
+    # tool turns): data.chat_template_kwargs={enable_thinking:false} for Qwen3. `Any`: its keys are free.
+    chat_template_kwargs: Any = None
     num_examples: int = 2000  # size of the embedded task
     embedded: str = "sums"  # which embedded task path=null generates: sums, or tool_use (2-digit sums as chat)
 
@@ -94,6 +102,17 @@ class AlgorithmConfig:
     use_bias_correction_kl: bool = True  # KL times the importance weight (DeepSeek-V3.2, arXiv 2512.02556)
     top_entropy_quantile: float = 1.0  # train only the top share of tokens by entropy (arXiv 2506.01939: 0.2)
     entropy_coef: float = 0.0  # entropy bonus: the loss minus entropy_coef x the mean entropy
+    # Skywork-OR1's adaptive entropy control (arXiv 2505.22312): entropy_coef moves by entropy_coef_delta each
+    # optimizer step, up while the step's mean entropy is at or below entropy_target, down otherwise, within
+    # [entropy_coef_min, entropy_coef_max]; the bonus applies only while the last step's entropy is <= the target.
+    use_adaptive_entropy: bool = False
+    entropy_coef_min: float = 0.0
+    entropy_coef_max: float = 1.0
+    entropy_coef_delta: float = 0.005
+    entropy_target: float = 0.2  # nats, over the tokens the loss trains on
+    # MoE models: weight of the router's load-balancing loss added to the loss; None: the model config's own
+    # router_aux_loss_coef (0 disables it). Refused for a model that is not a mixture of experts.
+    router_aux_loss_coef: float | None = None
     off_policy_mask_threshold: float | None = None  # DeepSeek-V3.2's delta: drop stale negative sequences
     num_iterations: int = 1  # optimisation passes over each generation batch (mu in the GRPO paper)
     steps_per_generation: int | None = None  # micro-batches per generation batch; None: gradient_accumulation_steps
@@ -101,6 +120,9 @@ class AlgorithmConfig:
     sync_ref_model: bool = False  # TR-DPO (arXiv 2404.09656): move the reference model toward the policy
     ref_model_mixup_alpha: float = 0.6  # ref <- alpha * policy + (1 - alpha) * ref
     ref_model_sync_steps: int = 512  # every this many optimizer steps
+    # false: a rollout correction applies only where the generation backend is not the trained model itself (vLLM),
+    # as TRL's vllm_importance_sampling_correction does; model=hf sets it.
+    correct_policy_sampler: bool = True
     # Multi-turn tool use (+environment=NAME or tools=[...], docs/agents.md)
     max_tool_calling_iterations: int | None = None  # rounds of tool calls per completion; None: until the length ends
     tool_timeout: float = 30.0  # seconds a tool call may take; a slower one counts as a failure
@@ -114,8 +136,13 @@ class TrainerConfig:
     per_device_train_batch_size: int = 8  # completions per micro-batch
     gradient_accumulation_steps: int = 1
     lr_scheduler_type: str = "linear"
+    lr_scheduler_kwargs: Any = None  # the schedule's own options: {num_cycles:2} for cosine. `Any`: free keys
     warmup_ratio: float = 0.0
-    weight_decay: float = 0.0
+    warmup_steps: float = 0  # > 0 replaces warmup_ratio: a number of steps, or below 1 a share of them (transformers)
+    # transformers' optimizer names (docs/training.md): adamw_torch, adamw_torch_fused, adafactor, sgd, adamw_8bit...
+    optim: str = "adamw_torch_fused"
+    optim_args: str | None = None  # the optimizer's own options, as in transformers: "momentum=0.9,nesterov=true"
+    weight_decay: float = 0.0  # not on biases and norm weights, as in transformers
     adam_beta1: float = 0.9
     adam_beta2: float = 0.999
     adam_epsilon: float = 1e-8
@@ -123,13 +150,23 @@ class TrainerConfig:
     # Micro-batches of completions of similar lengths, each padded only to its own longest: less compute for the
     # same gradient (grpo_kit/batching.py). None: wherever the loss and settings leave the gradient unchanged.
     group_by_length: bool | None = None
-    mixed_precision: str = "no"  # no, bf16 (CPU too) or fp16 (GPU): accelerate's autocast around the forward passes
+    # no, bf16 (CPU too) or fp16 (GPU): accelerate's autocast around the forward passes; auto: bf16 on a GPU that
+    # has it, else no (the log says which).
+    mixed_precision: str = "no"
+    # torch.utils.checkpoint's options when model.gradient_checkpointing is on (use_reentrant: false unless given),
+    # and transformers' every_n_layers and offload. `Any`: its keys are free.
+    gradient_checkpointing_kwargs: Any = None
     report_to: list[str] = field(default_factory=list)  # experiment trackers: tensorboard, wandb (offline), trackio
+    project: str = "grpo_kit"  # the trackers' project (TRL's default is huggingface)
+    run_name: str | None = None  # the trackers' name for this run; None: the run directory's last two parts
     logging_steps: int = 1
     progress_bar: bool = True
     save_model: bool = True  # save_pretrained into the run directory at the end
     save_steps: int = 0  # a checkpoint every this many steps (0: only at the end) in RUN_DIR/checkpoints
     save_total_limit: int = 2  # checkpoints kept, newest first
+    # Checkpoints of the model's weights only (RUN_DIR/checkpoints/step-N/model/), which cannot be resumed; one
+    # written because the run stops early stays whole.
+    save_only_model: bool = False
     resume: str | None = None  # auto (the run directory's newest checkpoint, if any) or a checkpoint/run path
     resume_force: bool = False  # resume even though the settings changed since the checkpoint
     max_bad_steps: int = 5  # non-finite losses in a row before the run saves and stops
@@ -146,7 +183,8 @@ class EvalConfig:
     """Held-out prompts, generated for and scored like training prompts, with their metrics logged under eval/.
 
     Evaluation is on when an eval set is named: a file or hub dataset (`path`), or a split of the training hub
-    dataset (`split`). The embedded task's eval set (any `split`) is every one of its 100 sums once.
+    dataset (`split`). The embedded task's `test` split holds sums that neither its pretraining nor its training
+    sees; its `train` split, sums it is trained on.
     """
 
     path: str | None = None  # a json/jsonl/parquet/csv file or a hub dataset of eval prompts

@@ -1,5 +1,6 @@
 """Prompts: the dataset, the order they are drawn in, and how a prompt becomes token ids."""
 
+import functools
 import json
 import random
 from pathlib import Path
@@ -103,6 +104,8 @@ class PromptSampler:
                 self.order = list(range(len(self.dataset)))
                 if self.shuffle:
                     self.rng.shuffle(self.order)
+                else:  # rows are popped from the end: unshuffled, they come in the dataset's order, as in TRL
+                    self.order.reverse()
             rows.append(self.dataset[self.order.pop()])
         return rows[self.process_index :: self.num_processes]
 
@@ -116,6 +119,13 @@ class PromptSampler:
 
 def is_conversational(prompt) -> bool:
     return isinstance(prompt, list) and all(isinstance(message, dict) and "role" in message for message in prompt)
+
+
+def use_chat_template_kwargs(tokenizer, chat_template_kwargs) -> None:
+    """Hand data.chat_template_kwargs to every chat template the policy's tokenizer renders: training and eval
+    prompts, the tool loop's turns, a rollout plugin's own calls (TRL passes them to each of its calls)."""
+    if chat_template_kwargs:
+        tokenizer.apply_chat_template = functools.partial(tokenizer.apply_chat_template, **chat_template_kwargs)
 
 
 def prompt_text(tokenizer, prompt) -> str:

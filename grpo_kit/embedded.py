@@ -6,6 +6,9 @@ miniature: it is pretrained for a few seconds on the task's format with noisy an
 how to answer but is often wrong. Reinforcement learning then has a real, visible job: find the right answer in
 the samples and make it the likely one. The build takes seconds and is cached under ~/.cache/grpo_kit.
 
+Twenty of the hundred sums are held out: neither pretraining nor training ever sees them, and they are the eval
+set (`eval.split=test`), so `eval/reward` measures whether the model learnt to add rather than to recall.
+
 A second embedded model and task teach tool use (`model.embedded=tool_use`, `data.embedded=tool_use`, which
 `+environment=NAME` selects): see grpo_kit/embedded_tool_use.py.
 """
@@ -22,11 +25,16 @@ from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
 from grpo_kit import embedded_tool_use
+from grpo_kit.errors import ConfigError
 
 CHARACTERS = "0123456789+-*= "
 PAD, EOS = "<pad>", "<eos>"
 OPERANDS = range(0, 10)  # prompts are "a+b=" with a, b drawn from here
-TASK_SEED, MODEL_SEED = 1234, 0
+TASK_SEED, MODEL_SEED, HELD_OUT_SEED = 1234, 0, 0
+NUM_HELD_OUT = 20  # sums neither pretraining nor training ever sees: the eval set
+EVERY_SUM = [(a, b) for a in OPERANDS for b in OPERANDS]
+HELD_OUT_SUMS = sorted(random.Random(HELD_OUT_SEED).sample(EVERY_SUM, NUM_HELD_OUT))
+TRAINING_SUMS = [pair for pair in EVERY_SUM if pair not in HELD_OUT_SUMS]  # what pretraining and training draw from
 PRETRAIN_STEPS, PRETRAIN_BATCH, PRETRAIN_LR = 300, 128, 3e-3
 RIGHT_ANSWER_RATE = 0.25  # how often the pretraining answer is the right one; otherwise a wrong sum nearby
 
@@ -44,9 +52,18 @@ def task(name: str, num_examples: int) -> list[dict]:
     return {"sums": build_task, "tool_use": embedded_tool_use.build_task}[_known(name, "data")](num_examples)
 
 
-def eval_problems(name: str) -> list[dict]:
-    """The eval set of the embedded task `name`."""
-    return {"sums": every_problem, "tool_use": embedded_tool_use.every_problem}[_known(name, "data")]()
+def eval_problems(name: str, split: str) -> list[dict]:
+    """The eval set of the embedded task `name`: its held-out sums (split test) or training sums (split train)."""
+    splits = {
+        "sums": {"test": held_out_problems, "train": training_problems},
+        "tool_use": {"test": embedded_tool_use.held_out_problems, "train": embedded_tool_use.training_problems},
+    }[_known(name, "data")]
+    if split not in splits:
+        raise ConfigError(
+            f"eval.split={split} is no split of the embedded task: choose test (sums it is never trained on) or "
+            "train (sums it is trained on)."
+        )
+    return splits[split]()
 
 
 def _known(name: str, section: str) -> str:
@@ -58,16 +75,21 @@ def _known(name: str, section: str) -> str:
 def build_task(num_examples: int, seed: int = TASK_SEED) -> list[dict]:
     """Rows with a `prompt` ("7+12=") and the `solution` ("19") that the accuracy reward checks."""
     rng = random.Random(seed)
-    rows = []
-    for _ in range(num_examples):
-        a, b = rng.choice(OPERANDS), rng.choice(OPERANDS)
-        rows.append({"prompt": f"{a}+{b}=", "solution": str(a + b)})
-    return rows
+    return [_row(*rng.choice(TRAINING_SUMS)) for _ in range(num_examples)]
 
 
-def every_problem() -> list[dict]:
-    """Each of the task's prompts once: the embedded task's eval set."""
-    return [{"prompt": f"{a}+{b}=", "solution": str(a + b)} for a in OPERANDS for b in OPERANDS]
+def held_out_problems() -> list[dict]:
+    """Each held-out sum once: the embedded task's eval set."""
+    return [_row(a, b) for a, b in HELD_OUT_SUMS]
+
+
+def training_problems() -> list[dict]:
+    """Each sum that pretraining and training draw from, once."""
+    return [_row(a, b) for a, b in TRAINING_SUMS]
+
+
+def _row(a: int, b: int) -> dict:
+    return {"prompt": f"{a}+{b}=", "solution": str(a + b)}
 
 
 def model_path(name: str = "sums") -> Path:
@@ -153,7 +175,7 @@ def _pretrained(
 
 
 def _noisy_example(rng: random.Random) -> str:
-    a, b = rng.choice(OPERANDS), rng.choice(OPERANDS)
+    a, b = rng.choice(TRAINING_SUMS)
     answer = a + b
     if rng.random() > RIGHT_ANSWER_RATE:
         answer = max(0, answer + rng.choice([-3, -2, -1, 1, 2, 3]))

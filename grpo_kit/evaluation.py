@@ -22,7 +22,7 @@ def load_eval_prompts(cfg: EvalConfig, data: DataConfig) -> datasets.Dataset | N
     if cfg.path is None and cfg.split is None:
         return None
     if cfg.path is None and data.path is None:
-        dataset = datasets.Dataset.from_list(embedded.eval_problems(data.embedded))
+        dataset = datasets.Dataset.from_list(embedded.eval_problems(data.embedded, cfg.split))
     elif cfg.path is None and Path(data.path).suffix:
         raise ValueError(
             f"eval.split={cfg.split} picks a split of a hub dataset, but data.path={data.path} is a file: "

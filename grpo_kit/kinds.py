@@ -152,8 +152,9 @@ class GenerationConfig:
 @dataclass
 class Completions:
     completion_ids: torch.Tensor  # (N, T), right-padded
-    completion_mask: torch.Tensor  # (N, T), 1 up to and including the first EOS
-    is_truncated: torch.Tensor  # (N,), True where no EOS came before max_completion_length
+    # The EOS ids are the model's generation config's and the tokenizer's (grpo_kit.eos_token_ids, as in TRL).
+    completion_mask: torch.Tensor  # (N, T), 1 up to and including the first EOS (grpo_kit.eos_mask)
+    is_truncated: torch.Tensor  # (N,), True where the last token is neither an EOS nor pad (grpo_kit.is_truncated)
     sampling_per_token_logps: torch.Tensor | None = None  # (N, T), the sampler's own log-probs
     # Multi-turn rollouts (grpo_kit/tool_use.py): 0 on the tokens that tools wrote, which the model reads but is
     # not trained on; and how many tool calls each completion made, and how many of them failed.
@@ -173,6 +174,10 @@ class Generation(Protocol):
     retries) raises `grpo_kit.errors.GenerationUnavailable` from `generate` or `update_weights`: the run then saves
     a checkpoint of its last whole step and stops with the command that resumes it, instead of failing.
     """
+
+    # True: it samples with the trained model itself, in this process, so its log-probs are the trainer's up to
+    # rounding and algorithm.correct_policy_sampler=false skips the rollout correction (as TRL does without vLLM).
+    samples_from_policy: ClassVar[bool] = False
 
     def __init__(self) -> None: ...
 
@@ -290,6 +295,7 @@ TRAITS = {
     "importance_sampling": ("level",),
     "rollout_correction": ("level",),
     "advantage": ("needs_groups",),
+    "generation": ("samples_from_policy",),
 }
 
 

@@ -40,8 +40,11 @@ def objective_reason(objective: Objective) -> str | None:
     algo = objective.algorithm
     if algo.top_entropy_quantile < 1.0:
         return "algorithm.top_entropy_quantile < 1 masks tokens by entropy, which Liger does not compute"
-    if algo.entropy_coef != 0.0:
-        return "algorithm.entropy_coef != 0 needs the entropies' gradient, which Liger does not compute"
+    if objective.entropy_control.enabled:
+        return (
+            "an entropy bonus (algorithm.entropy_coef != 0 or use_adaptive_entropy) needs the entropies' gradient, "
+            "which Liger does not compute"
+        )
     if algo.off_policy_mask_threshold is not None:
         return "algorithm.off_policy_mask_threshold (DeepSeek-V3.2's off-policy mask) is not in Liger's loss"
     if objective.importance_sampling.level not in LEVELS:

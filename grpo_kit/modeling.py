@@ -17,21 +17,26 @@ from grpo_kit.lora import AdapterFreeReference, add_adapters, check_peft_install
 log = logging.getLogger(__name__)
 
 
-def load_model(cfg: ModelConfig):
-    """The policy as `cfg` asks for it (adapters, dropout, head precision, checkpointing), and its tokenizer."""
+def load_model(cfg: ModelConfig, checkpointing_kwargs: dict | None = None):
+    """The policy as `cfg` asks for it (adapters, dropout, head precision, checkpointing with
+    `checkpointing_kwargs`), and its tokenizer."""
     if cfg.lora.enabled:
         check_peft_installed()
     path = str(Path(cfg.name_or_path).expanduser()) if cfg.name_or_path else embedded.model_path(cfg.embedded)
-    tokenizer = AutoTokenizer.from_pretrained(path)
+    tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=cfg.trust_remote_code)
     if tokenizer.pad_token is None:
         log.info("The tokenizer has no pad token: padding with its EOS token %r", tokenizer.eos_token)
         tokenizer.pad_token = tokenizer.eos_token
-    model = AutoModelForCausalLM.from_pretrained(path, **(cfg.model_init_kwargs or {}))
+    # float32 weights unless model_init_kwargs says otherwise, as TRL loads them (transformers alone would keep a
+    # bfloat16 checkpoint in bfloat16); mixed precision is trainer.mixed_precision's autocast.
+    init_kwargs = {"dtype": torch.float32, "trust_remote_code": cfg.trust_remote_code, **(cfg.model_init_kwargs or {})}
+    model = AutoModelForCausalLM.from_pretrained(path, **init_kwargs)
     if cfg.cast_lm_head_to_fp32:
         cast_lm_head_to_fp32(model)
-    if cfg.gradient_checkpointing:
-        # Non-reentrant checkpointing also gives gradients to adapters whose inputs (frozen embeddings) need none.
-        enable_checkpointing(model, {"use_reentrant": False})
+    if checkpointing_wanted(cfg.gradient_checkpointing, model):
+        enable_checkpointing(model, checkpointing_kwargs)
+        if cfg.lora.enabled:  # frozen embeddings: reentrant checkpointing would give the adapters no gradient
+            model.enable_input_require_grads()
     if cfg.lora.enabled:
         model = add_adapters(model, cfg.lora)
     if cfg.disable_dropout:  # after the adapters, whose own dropout goes too
@@ -39,11 +44,27 @@ def load_model(cfg: ModelConfig):
     return model, tokenizer
 
 
-def enable_checkpointing(model, kwargs: dict) -> None:
+def checkpointing_wanted(setting, model) -> bool:
+    """model.gradient_checkpointing: true, false, or auto: on where the model's class supports it (TRL's default)."""
+    if setting != "auto":
+        return setting
+    supported = getattr(model, "supports_gradient_checkpointing", False)
+    log.info(
+        "model.gradient_checkpointing=auto: %s", "on (TRL's default)" if supported
+        else f"off, since {type(model).__name__} does not support gradient checkpointing",
+    )
+    return supported
+
+
+def enable_checkpointing(model, kwargs: dict | None) -> None:
+    """transformers' gradient checkpointing with `kwargs` (trainer.gradient_checkpointing_kwargs): its own
+    every_n_layers and offload, the rest torch.utils.checkpoint's. use_reentrant defaults to false, as in TRL."""
+    kwargs = {"use_reentrant": False, **(kwargs or {})}
+    layers = {name: kwargs.pop(name) for name in ("every_n_layers", "offload") if name in kwargs}
     if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5 renamed the method
-        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs, **layers)
     else:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs, **layers)
 
 
 def disable_dropout(model: torch.nn.Module) -> None:
@@ -89,18 +110,63 @@ def mix_into_reference(policy: torch.nn.Module, reference: torch.nn.Module, alph
 
 
 def per_token_logps_and_entropies(
-    model, batch: dict[str, torch.Tensor], temperature: float, entropy_grad: bool = False, chunk_size: int | None = None
+    model,
+    batch: dict[str, torch.Tensor],
+    temperature: float,
+    entropy_grad: bool = False,
+    chunk_size: int | None = None,
+    router: "RouterLoads | None" = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:  # (B, T), (B, T)
     """One forward pass: log-probs of the completion tokens and the entropy of each next-token distribution.
 
     The entropies carry a gradient only when asked (an entropy bonus needs one); otherwise they are metrics.
-    With `chunk_size`, the (B, T, V) logits never exist: see `chunked_logps_and_entropies`.
+    With `chunk_size`, the (B, T, V) logits never exist: see `chunked_logps_and_entropies`. With `router`, a
+    mixture-of-experts model's router logits are collected into it, for the load-balancing loss.
     """
     if chunk_size is not None:
         head = OutputHead(model)
-        hidden = last_hidden_states(model, batch, head)
+        hidden = last_hidden_states(model, batch, head, router)
         return chunked_logps_and_entropies(hidden, head, batch["completion_ids"], temperature, entropy_grad, chunk_size)
-    return in_length_groups(lambda part: _logps_and_entropies_of_logits(model, part, temperature, entropy_grad), batch)
+    return in_length_groups(
+        lambda part: _logps_and_entropies_of_logits(model, part, temperature, entropy_grad, router), batch
+    )
+
+
+class RouterLoads:
+    """A mixture-of-experts model's load-balancing loss (Switch Transformer, arXiv 2101.03961, eqs. 4-6) over the
+    real tokens of one micro-batch, from the router logits of the one or more forward passes that cover it.
+
+    The loss multiplies two means over every (layer, token) pair, so it is not a sum over passes: each pass's
+    router logits and real-token mask are kept, and the loss is computed once over all of them, as one masked
+    pass over the whole micro-batch gives it (TRL's). It is transformers' Mixtral function, which TRL 1.16 uses
+    for every MoE family.
+    """
+
+    def __init__(self, model):
+        text_config = unwrapped(model).config.get_text_config()
+        self.num_experts, self.top_k = text_config.num_experts, text_config.num_experts_per_tok
+        self.layers: list[list[torch.Tensor]] = []  # per pass: each MoE layer's (B * W, E) router logits
+        self.masks: list[torch.Tensor] = []  # per pass: (B * W,) 1 on the real tokens
+
+    def add(self, router_logits: tuple[torch.Tensor, ...], tokens: torch.Tensor) -> None:
+        """One pass's router logits, and its (B, W) real tokens in the layout it ran in."""
+        self.layers.append(list(router_logits))
+        self.masks.append(tokens.reshape(-1))
+
+    def loss(self) -> torch.Tensor:  # scalar
+        from transformers.models.mixtral.modeling_mixtral import load_balancing_loss_func
+
+        per_layer = tuple(torch.cat(logits) for logits in zip(*self.layers))
+        return load_balancing_loss_func(per_layer, self.num_experts, self.top_k, torch.cat(self.masks)[None])
+
+
+def _real_tokens(batch: dict[str, torch.Tensor], shift: torch.Tensor) -> torch.Tensor:  # (B, W)
+    """1 on the prompt and completion tokens, in the layout `model_inputs` gave the pass (each row moved left by
+    `shift`, its padding wrapped to its end)."""
+    attention_mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)
+    width = attention_mask.shape[1]
+    columns = torch.arange(width, device=attention_mask.device)
+    return attention_mask.gather(1, (columns + shift[:, None]) % width)
 
 
 def model_inputs(
@@ -155,15 +221,20 @@ def unwrapped(model):
     return model
 
 
-def _logps_and_entropies_of_logits(model, batch, temperature: float, entropy_grad: bool):  # (B, T), (B, T)
+def _logps_and_entropies_of_logits(model, batch, temperature: float, entropy_grad: bool, router=None):  # (B, T), (B, T)
     completion_ids = batch["completion_ids"]
     length = completion_ids.shape[1]
     width = batch["prompt_ids"].shape[1] + length
     # Moved rows need `shift.max()` more positions of logits: no more numbers than the (B, 1, W, W) mask they save.
     vocab = unwrapped(model).config.get_text_config().vocab_size
     inputs, shift = model_inputs(model, batch, max_shift=width * width // vocab)
+    if router is not None:
+        inputs["output_router_logits"] = True
     with chunked_causal_attention_on_cpu(unwrapped(model)):
-        logits = model(**inputs, logits_to_keep=length + 1 + int(shift.max())).logits[:, :-1]  # the last predicts nothing
+        out = model(**inputs, logits_to_keep=length + 1 + int(shift.max()))
+    if router is not None:
+        router.add(out.router_logits, _real_tokens(batch, shift))
+    logits = out.logits[:, :-1]  # the last predicts nothing
     log_probs = (logits.float() / temperature).log_softmax(dim=-1)  # (B, T + shift.max(), V)
     rows, columns = completion_columns(shift, length)  # position columns[b, t] predicts completion token t
     per_token_logps = log_probs[rows, columns, completion_ids]  # (B, T)
@@ -209,19 +280,22 @@ class OutputHead:
             self.autocast = (device_type, torch.get_autocast_dtype(device_type))
 
 
-def last_hidden_states(model, batch: dict[str, torch.Tensor], head: OutputHead) -> torch.Tensor:  # (B, T, H)
+def last_hidden_states(model, batch: dict[str, torch.Tensor], head: OutputHead, router=None) -> torch.Tensor:  # (B, T, H)
     """The final hidden states at the T positions that predict the completion tokens, from forward passes that
     compute the logits of the last position only.
 
     The model itself is called (not its inner decoder), so DDP's hooks, PEFT's adapters and the adapter-free
     reference work as in the plain path. Its last-position logits check that `head` reproduces the model's
     logits from these hidden states; a model that post-processes them otherwise is refused, not silently wrong.
+    With `router`, the passes' router logits are collected into it (`RouterLoads`).
     """
-    return in_length_groups(lambda part: _last_hidden_states(model, part, head), batch)
+    return in_length_groups(lambda part: _last_hidden_states(model, part, head, router), batch)
 
 
-def _last_hidden_states(model, batch: dict[str, torch.Tensor], head: OutputHead) -> torch.Tensor:
+def _last_hidden_states(model, batch: dict[str, torch.Tensor], head: OutputHead, router=None) -> torch.Tensor:
     inputs, shift = model_inputs(model, batch)
+    if router is not None:
+        inputs["output_router_logits"] = True
     hook = head.module.register_forward_pre_hook(head.record_autocast)
     try:
         with chunked_causal_attention_on_cpu(unwrapped(model)):
@@ -230,6 +304,8 @@ def _last_hidden_states(model, batch: dict[str, torch.Tensor], head: OutputHead)
         hook.remove()
     if getattr(out, "hidden_states", None) is None:
         raise ValueError(f"{type(model).__name__} returns no hidden states: use model.logits=full.")
+    if router is not None:
+        router.add(out.router_logits, _real_tokens(batch, shift))
     hidden = out.hidden_states[-1]  # (B, P + T, H), after the final norm
     with torch.no_grad():
         expected, ours = out.logits[:, -1].float(), head(hidden[:, -1]).float()

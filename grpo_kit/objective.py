@@ -4,6 +4,7 @@ The loss, the importance-sampling level and the rollout correction are plugins; 
 which they are applied, which is the order of TRL's GRPOTrainer.
 """
 
+import math
 from dataclasses import dataclass, field
 
 import torch
@@ -27,6 +28,50 @@ class ObjectiveOutput:
     loss: torch.Tensor  # scalar, already scaled for gradient accumulation
     metrics: dict[str, torch.Tensor] = field(default_factory=dict)  # name -> scalar, detached
     per_token_logps: torch.Tensor | None = None  # (B, T), detached: the log-probs the loss was computed from
+    # (2,) detached: the entropy sum and count of the tokens the bonus acts on, for adaptive entropy control
+    entropy_totals: torch.Tensor | None = None
+
+
+@dataclass
+class EntropyControl:
+    """The entropy bonus's coefficient. Fixed at `algorithm.entropy_coef`, or adapted once per optimizer step
+    (Skywork-OR1, arXiv 2505.22312, section 3.2.2) from the mean entropy of the step's trained tokens, over every
+    process, as TRL 1.16 adapts it."""
+
+    algorithm: AlgorithmConfig
+    coef: float = field(init=False)
+    last_entropy: float = math.inf  # the last step's; inf before the first, so that no bonus applies yet
+
+    def __post_init__(self):
+        self.coef = self.algorithm.entropy_coef
+
+    @property
+    def enabled(self) -> bool:
+        """Adaptive control keeps the bonus on at coefficient 0, so that it can come back."""
+        return self.coef != 0.0 or self.algorithm.use_adaptive_entropy
+
+    def applied_coef(self) -> float:
+        """The coefficient every micro-batch of this step uses: the one the last step's update left."""
+        algo = self.algorithm
+        if algo.use_adaptive_entropy and not self.last_entropy <= algo.entropy_target:
+            return 0.0
+        return self.coef
+
+    def update(self, step_entropy: float) -> None:
+        """At the optimizer step: the coefficient up by entropy_coef_delta while the entropy is at or below the
+        target, down otherwise, within [entropy_coef_min, entropy_coef_max]."""
+        algo = self.algorithm
+        if step_entropy <= algo.entropy_target:
+            self.coef = min(self.coef + algo.entropy_coef_delta, algo.entropy_coef_max)
+        else:
+            self.coef = max(self.coef - algo.entropy_coef_delta, algo.entropy_coef_min)
+        self.last_entropy = step_entropy
+
+    def state_dict(self) -> dict:
+        return {"coef": self.coef, "last_entropy": self.last_entropy}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.coef, self.last_entropy = state["coef"], state["last_entropy"]
 
 
 @dataclass
@@ -36,11 +81,15 @@ class Objective:
     correction: RolloutCorrection
     algorithm: AlgorithmConfig
     max_completion_length: int
+    entropy_control: EntropyControl = field(init=False)
+
+    def __post_init__(self):
+        self.entropy_control = EntropyControl(self.algorithm)
 
     def __call__(
         self,
         per_token_logps: torch.Tensor,  # (B, T), log pi_theta of the completion tokens, with gradient
-        entropies: torch.Tensor,  # (B, T), with gradient when algorithm.entropy_coef != 0
+        entropies: torch.Tensor,  # (B, T), with gradient when the entropy bonus is on
         batch: dict[str, torch.Tensor],
         gradient_accumulation_steps: int = 1,
         steps_per_generation: int = 1,
@@ -90,13 +139,18 @@ class Objective:
         )
         loss = self.loss.reduce(per_token_loss, mask, reduction)
 
-        if algo.entropy_coef != 0.0:  # a bonus on the mean entropy of the tokens that are trained
+        entropy_totals = None
+        if self.entropy_control.enabled:
+            # A bonus on the mean entropy of the tokens that are trained, the same whatever the loss's normaliser.
+            metrics["policy_loss"] = loss * gradient_accumulation_steps  # before the bonus, on a step's scale
             trained = mask if entropy_mask is None else mask * entropy_mask
-            mean_entropy = (entropies * trained).sum() / trained.sum().clamp(min=1.0)
-            loss = loss - algo.entropy_coef * mean_entropy / gradient_accumulation_steps
+            entropy_sum, count = (entropies * trained).sum(), trained.sum()
+            mean_entropy = entropy_sum / count.clamp(min=1.0)
+            loss = loss - self.entropy_control.applied_coef() * mean_entropy / gradient_accumulation_steps
+            entropy_totals = torch.stack([entropy_sum, count.to(entropy_sum.dtype)]).detach()
         metrics["entropy"] = masked_mean(entropies, mask)
         metrics = {name: value.detach() for name, value in metrics.items()}
-        return ObjectiveOutput(loss, metrics, per_token_logps.detach())
+        return ObjectiveOutput(loss, metrics, per_token_logps.detach(), entropy_totals)
 
     def rollout_correction(self, old_per_token_logps, sampling_per_token_logps, completion_mask):
         """The ratio that corrects for the sampler's mismatch with the trainer; None when no correction is chosen."""

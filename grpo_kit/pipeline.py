@@ -35,6 +35,7 @@ class ScoredBatch:
     rewards: torch.Tensor  # (N,) weighted sum, NaN where no reward had an opinion
     num_generations: int
     metrics: dict[str, float] = field(default_factory=dict)  # from scoring, and from hooks
+    extra_columns: dict[str, list] = field(default_factory=dict)  # (N,) each: what rewards logged with log_extra
 
     @property
     def num_groups(self) -> int:
@@ -63,6 +64,7 @@ class ScoredBatch:
             generated=generated,
             rewards_per_func=self.rewards_per_func[items],
             rewards=self.rewards[items],
+            extra_columns={name: [values[i] for i in picked] for name, values in self.extra_columns.items()},
         )
 
     def concat(self, other: "ScoredBatch") -> "ScoredBatch":
@@ -89,4 +91,9 @@ class ScoredBatch:
             rewards_per_func=torch.cat([self.rewards_per_func, other.rewards_per_func]),
             rewards=torch.cat([self.rewards, other.rewards]),
             metrics={**self.metrics},
+            extra_columns={  # None where one batch's rewards did not log the column
+                name: self.extra_columns.get(name, [None] * len(self.rows))
+                + other.extra_columns.get(name, [None] * len(other.rows))
+                for name in {**self.extra_columns, **other.extra_columns}
+            },
         )

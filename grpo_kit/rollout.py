@@ -5,13 +5,16 @@ that the advantages and the logged metrics are those of the whole batch, as in T
 advantages of its own completions.
 """
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
 import torch
+from accelerate.utils import gather_object
 
 from grpo_kit.advantages import nanstd, weighted_rewards
 from grpo_kit.data import PromptSampler, is_conversational, prompt_text
+from grpo_kit.eos import is_truncated
 from grpo_kit.errors import PluginError
 from grpo_kit.kinds import Completions, CustomRollout, Generation, RolloutResult
 from grpo_kit.pipeline import Run, ScoredBatch
@@ -32,6 +35,7 @@ class Rollout:
     mask_truncated_completions: bool
     hooks: object  # the plugin manager's hook caller
     accelerator: Any  # gathers across processes
+    eos_token_ids: list[int]  # every token that ends a completion (grpo_kit.eos: the model's and the tokenizer's)
     with_logprobs: bool = False  # ask the backend for the sampler's log-probs (for a rollout correction)
     replay: RolloutReplay | None = None  # frozen rollouts to train on instead of generating
     recorder: RolloutRecorder | None = None  # saves every scored batch
@@ -73,24 +77,25 @@ class Rollout:
         lengths = generated.completion_mask.sum(dim=1).tolist()  # the mask is a prefix of each row
         completion_ids = [ids[:length] for ids, length in zip(generated.completion_ids.tolist(), lengths)]
         columns = {key: [row[key] for row in rows] for key in rows[0] if key != "prompt"} | extra_columns
-        rewards_per_func, metrics = self.scorer(prompts, completions, completion_ids, columns)  # (N, K)
+        scores = self.scorer.score(prompts, completions, completion_ids, columns)
         return ScoredBatch(
             rows=rows,
             prompt_ids=prompt_ids,
             completions=completions,
             completion_ids=completion_ids,
             generated=generated,
-            rewards_per_func=rewards_per_func,
-            rewards=weighted_rewards(rewards_per_func, self.reward_weights),
+            rewards_per_func=scores.rewards,  # (N, K)
+            rewards=weighted_rewards(scores.rewards, self.reward_weights),
             num_generations=num_generations,
-            metrics=metrics,
+            metrics=scores.metrics,
+            extra_columns=scores.extra_columns,
         )
 
     def _generate(self, rows: list[dict]) -> tuple[list[list[int]], list, Completions, dict[str, list]]:
         """Prompt ids, the completions as the rewards read them, their tensors, and extra reward columns."""
         if self.custom is not None:
             result = self.custom(rows, self.tokenizer, self.generation)
-            generated = completions_of(result, self.tokenizer, self.with_logprobs)
+            generated = completions_of(result, self.tokenizer, self.eos_token_ids, self.with_logprobs)
             completions = result.completions or self._decoded(rows, generated)
             return result.prompt_ids, completions, generated, result.columns
         if self.tool_use is not None:
@@ -154,9 +159,12 @@ class Rollout:
             calls, failures = gather(generated.tool_calls.float()), gather(generated.tool_failures.float())
             metrics["tools/call_frequency"] = calls.mean().item()  # calls per completion
             metrics["tools/failure_frequency"] = (failures.sum() / calls.sum()).item() if calls.sum() > 0 else 0.0
-        if scored.metrics:  # from scoring and hooks: the mean of the processes' values
-            values = gather(torch.tensor([list(scored.metrics.values())]))
-            metrics |= dict(zip(scored.metrics, values.nanmean(dim=0).tolist()))
+        # From scoring, rewards' log_metric and hooks: the mean of the processes' values, under the names any
+        # process has (a reward may log a metric on some processes only), in one order on every process.
+        names = sorted(set().union(*gather_object([list(scored.metrics)])))
+        if names:
+            values = gather(torch.tensor([[scored.metrics.get(name, math.nan) for name in names]]))
+            metrics |= dict(zip(names, values.nanmean(dim=0).tolist()))
         for index, name in enumerate(self.scorer.rewards):
             column = rewards_per_func[:, index]
             metrics[f"rewards/{name}/mean"] = column.nanmean().item()
@@ -164,7 +172,7 @@ class Rollout:
         return metrics
 
 
-def completions_of(result: RolloutResult, tokenizer, with_logprobs: bool) -> Completions:
+def completions_of(result: RolloutResult, tokenizer, eos_token_ids: list[int], with_logprobs: bool) -> Completions:
     """A custom rollout's lists as the (N, T) tensors the training batch is made of."""
     if with_logprobs and result.logprobs is None:
         raise PluginError("The rollout plugin returned no `logprobs`, which this run's rollout correction needs.")
@@ -174,10 +182,12 @@ def completions_of(result: RolloutResult, tokenizer, with_logprobs: bool) -> Com
         return torch.tensor([list(row) + [value] * (width - len(row)) for row in rows], dtype=dtype)
 
     ids = result.completion_ids
+    completion_ids = padded(ids, tokenizer.pad_token_id, torch.long)
+    completion_mask = padded([[1] * len(row) for row in ids], 0, torch.int)
     return Completions(
-        completion_ids=padded(ids, tokenizer.pad_token_id, torch.long),
-        completion_mask=padded([[1] * len(row) for row in ids], 0, torch.int),
-        is_truncated=torch.tensor([not row or row[-1] != tokenizer.eos_token_id for row in ids]),
+        completion_ids=completion_ids,
+        completion_mask=completion_mask,
+        is_truncated=is_truncated(completion_ids, completion_mask, eos_token_ids, tokenizer.pad_token_id),
         sampling_per_token_logps=None if result.logprobs is None else padded(result.logprobs, 0.0, torch.float),
         tool_mask=None if result.env_mask is None else padded(result.env_mask, 0, torch.int),
     )

@@ -2,7 +2,8 @@
 
 Each recorded step adds the first `max_rows` completions of its generation batch, so whole groups of one prompt
 stand side by side, with each reward and the advantage they earned, and (when the generation backend's tensors are
-handed over) each completion's length in tokens and whether max_completion_length cut it off.
+handed over) each completion's length in tokens and whether max_completion_length cut it off. Columns the rewards
+logged with TRL's `log_extra` are under `extra` (a column each on the page, between the rewards and the advantage).
 """
 
 import html
@@ -37,6 +38,7 @@ class SampleLog:
         reward_names: list[str],
         advantages: torch.Tensor,  # (N,)
         generated: Completions | None = None,  # the same N completions as tensors: their lengths and truncation
+        extra_columns: dict[str, list] | None = None,  # (N,) each: what the rewards logged with log_extra
     ) -> None:
         if step % self.every:
             return
@@ -56,8 +58,12 @@ class SampleLog:
                 "rewards": {name: _number(value) for name, value in zip(reward_names, rewards)},
                 "advantage": _number(advantage),
             }
+        for index, row in enumerate(rows):
+            if extra_columns:
+                row["extra"] = {name: values[index] for name, values in extra_columns.items()}
         with self.jsonl_path.open("a", encoding="utf-8") as file:
-            file.writelines(json.dumps(row, ensure_ascii=False) + "\n" for row in rows)
+            # default=str: a logged value JSON has no type for (a numpy number, a Path) is written as its text
+            file.writelines(json.dumps(row, ensure_ascii=False, default=str) + "\n" for row in rows)
         self.recent.appendleft(rows)
         # Written aside and moved into place, so a browser refreshing the page never reads half of it.
         staging = self.html_path.with_suffix(".html.tmp")
@@ -98,8 +104,9 @@ def _step(rows: list[dict]) -> str:
 
 def _group(rows: list[dict]) -> str:
     names = list(rows[0]["rewards"])
+    extra = list(rows[0].get("extra", {}))
     has_lengths = "completion_tokens" in rows[0]
-    columns = ["completion", *(["tokens", "truncated"] if has_lengths else []), *names, "advantage"]
+    columns = ["completion", *(["tokens", "truncated"] if has_lengths else []), *names, *extra, "advantage"]
     head = "".join(f"<th>{html.escape(name)}</th>" for name in columns)
     lines = []
     for row in rows:
@@ -108,6 +115,7 @@ def _group(rows: list[dict]) -> str:
             cells.append(f'<td class="number">{row["completion_tokens"]}</td>')
             cells.append(f'<td class="flag">{"yes" if row["truncated"] else "no"}</td>')
         cells += [f'<td class="number">{_shown(row["rewards"][name])}</td>' for name in names]
+        cells += [f'<td class="text">{html.escape(str(row["extra"][name]))}</td>' for name in extra]
         cells.append(f'<td class="number">{_shown(row["advantage"])}</td>')
         truncated = ' class="truncated"' if row.get("truncated") else ""
         lines.append(f"<tr{truncated}>{''.join(cells)}</tr>")

@@ -10,10 +10,17 @@ never pays for its processes. No reward holds a run up for longer than `timeout`
 a call that runs past it or raises gives None for its completions and is counted in `rewards/NAME/failures`. A
 result the run cannot use (wrong length, a value that is not a finite number) is a bug in the reward, not bad
 luck, so it stops the run with RewardError.
+
+Besides the dataset's columns, every reward is handed TRL's keyword arguments: `trainer_state` (a transformers
+TrainerState: global_step, max_steps, epoch, ...), `log_extra(column, values)` (a column of the sample tables, one
+value per completion) and `log_metric(name, value)` (a metric, averaged over the batch's calls). Rewards that run in
+worker processes get only `trainer_state` (its fields, in a SimpleNamespace): what they logged there could not
+come back.
 """
 
 import asyncio
 import concurrent.futures
+import dataclasses
 import inspect
 import logging
 import math
@@ -22,8 +29,10 @@ import numbers
 import os
 import pickle
 import threading
+import types
+from collections import defaultdict
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -39,6 +48,44 @@ DEFAULT_WORKERS = min(8, _CPUS)  # processes for CPU-heavy rewards when the call
 _START_METHOD = "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
 
 
+LOGGING_ARGUMENTS = ("log_extra", "log_metric")  # TRL's keyword arguments that log from inside a reward
+
+
+@dataclass
+class Scores:
+    rewards: torch.Tensor  # (N, K) float32, NaN for "no opinion"
+    metrics: dict[str, float]  # failures per reward, and what the rewards logged with log_metric
+    extra_columns: dict[str, list] = field(default_factory=dict)  # what they logged with log_extra, N values each
+
+
+class RewardLogs:
+    """What the rewards of one batch log through `log_extra` and `log_metric`, as TRL collects it."""
+
+    def __init__(self):
+        self.columns: defaultdict[str, list] = defaultdict(list)
+        self.metrics: defaultdict[str, list[float]] = defaultdict(list)
+
+    def log_extra(self, column: str, values: list) -> None:
+        self.columns[column].extend(values)
+
+    def log_metric(self, name: str, value: float) -> None:
+        self.metrics[name].append(float(value))
+
+
+def reward_trainer_state(max_steps: int, epochs: float, **fields):
+    """The `trainer_state` rewards receive: a transformers TrainerState, as TRL hands its own, over a run of
+    `max_steps` optimizer steps that covers `epochs` passes over the prompts. `at_step` moves it on."""
+    from transformers.trainer_callback import TrainerState  # the Trainer's machinery: loaded only when asked for
+
+    return TrainerState(max_steps=max_steps, num_train_epochs=epochs, **fields)
+
+
+def at_step(trainer_state, step: int) -> None:
+    """`trainer_state` after `step` optimizer steps: as TRL's, global_step is the steps done when a batch is scored."""
+    trainer_state.global_step = step
+    trainer_state.epoch = trainer_state.num_train_epochs * step / max(trainer_state.max_steps, 1)
+
+
 @dataclass
 class _Call:
     """One call of one reward on some completions of the batch: their rows, in the order of its values."""
@@ -49,21 +96,27 @@ class _Call:
 
 
 class Scorer:
-    """`scorer(prompts, completions, completion_ids, columns)` -> ((N, K) float32 rewards, metrics).
+    """`scorer.score(prompts, completions, completion_ids, columns)` -> Scores; `scorer(...)` -> ((N, K) float32
+    rewards, metrics), without the extra columns.
 
     `timeout` bounds each batch's scoring, in seconds. `workers` is the size of the process pool for CPU-heavy
-    rewards (None: DEFAULT_WORKERS); 0 runs them in threads like the others. Close the scorer (or use it in a
+    rewards (None: DEFAULT_WORKERS); 0 runs them in threads like the others. `trainer_state` is what rewards
+    receive as `trainer_state` (`reward_trainer_state`; by default one of step 0). Close the scorer (or use it in a
     `with` block) to stop its worker processes.
     """
 
-    def __init__(self, rewards: dict[str, Callable], timeout: float = 60.0, workers: int | None = None):
+    def __init__(
+        self, rewards: dict[str, Callable], timeout: float = 60.0, workers: int | None = None, trainer_state=None
+    ):
         workers = DEFAULT_WORKERS if workers is None else workers
         if timeout <= 0 or workers < 0:
             raise ValueError(f"Scorer needs timeout > 0 and workers >= 0, got timeout={timeout}, workers={workers}.")
         self.rewards, self.timeout, self.workers = dict(rewards), timeout, workers
+        self.trainer_state = reward_trainer_state(0, 0.0) if trainer_state is None else trainer_state
         self.in_processes = {name for name, f in self.rewards.items() if workers and declared(f, "reward", "cpu_heavy")}
         for name in self.in_processes:
             _check_picklable(name, self.rewards[name])
+            _check_logs_nothing(name, self.rewards[name])
         self._warned: set[str] = set()
         # One loop for the whole run, as TRL keeps one: async clients (HTTP sessions) are bound to their loop.
         self._loop = asyncio.new_event_loop()
@@ -74,7 +127,15 @@ class Scorer:
     def __call__(
         self, prompts: list, completions: list, completion_ids: list[list[int]], columns: dict
     ) -> tuple[torch.Tensor, dict[str, float]]:
-        arguments = {"prompts": prompts, "completions": completions, "completion_ids": completion_ids, **columns}
+        scores = self.score(prompts, completions, completion_ids, columns)
+        return scores.rewards, scores.metrics
+
+    def score(self, prompts: list, completions: list, completion_ids: list[list[int]], columns: dict) -> Scores:
+        logs = RewardLogs()  # this batch's own: a reward abandoned after the timeout that logs later changes nothing
+        arguments = {
+            "prompts": prompts, "completions": completions, "completion_ids": completion_ids, **columns,
+            "trainer_state": self.trainer_state, "log_extra": logs.log_extra, "log_metric": logs.log_metric,
+        }
         calls = [call for name in self.rewards for call in self._start(name, arguments, len(completions))]
         concurrent.futures.wait([call.future for call in calls], timeout=self.timeout)
 
@@ -96,7 +157,9 @@ class Scorer:
             failures[call.name] += 1
         if worker_stuck:
             self._start_pool()  # a fresh pool: the stuck worker would hold its place forever
-        return scores, {f"rewards/{name}/failures": float(count) for name, count in failures.items()}
+        metrics = {f"rewards/{name}/failures": float(count) for name, count in failures.items()}
+        metrics |= {name: sum(values) / len(values) for name, values in logs.metrics.items()}
+        return Scores(scores, metrics, _extra_columns(logs.columns, len(completions)))
 
     def close(self) -> None:
         if self._pool is not None:
@@ -147,7 +210,10 @@ class Scorer:
         share = {
             key: [value[row] for row in rows] if _per_completion(value, count) else value
             for key, value in arguments.items()
+            if key not in LOGGING_ARGUMENTS
         }
+        # Its fields, not the TrainerState itself, whose class would make the worker import transformers' Trainer.
+        share["trainer_state"] = types.SimpleNamespace(**dataclasses.asdict(self.trainer_state))
         future = concurrent.futures.Future()
         # The reward itself is the task, so a worker imports only the reward's module, never the core.
         self._pool.apply_async(function, (), share, callback=future.set_result, error_callback=future.set_exception)
@@ -222,6 +288,27 @@ def _check_picklable(name: str, function: Callable) -> None:
             f"one ({error!r}). Define it at module level (a function, or an instance of a module-level class), "
             "or do not declare it cpu_heavy, and it runs in a thread."
         ) from error
+
+
+def _check_logs_nothing(name: str, function: Callable) -> None:
+    parameters = inspect.signature(getattr(function, "function", function)).parameters
+    logging = [argument for argument in LOGGING_ARGUMENTS if argument in parameters]
+    if logging:
+        raise PluginError(
+            f"Reward {name!r} declares cpu_heavy = True, so it runs in worker processes, but it takes "
+            f"{' and '.join(logging)}, which cannot log from there. Run it in a thread (trainer.reward_workers=0, or "
+            "do not declare it cpu_heavy), or log nothing from it."
+        )
+
+
+def _extra_columns(columns: dict[str, list], count: int) -> dict[str, list]:
+    for column, values in columns.items():
+        if len(values) != count:
+            raise RewardError(
+                f"The rewards logged {len(values)} values in the column {column!r} with log_extra for {count} "
+                "completions: log one value per completion, once per batch."
+            )
+    return dict(columns)
 
 
 def _checked(name: str, values, rows: list[int]) -> list[float]:

@@ -27,6 +27,7 @@ from typing import Any
 import torch
 
 from grpo_kit.data import is_conversational
+from grpo_kit.eos import is_truncated
 from grpo_kit.errors import ConfigError, PluginError
 from grpo_kit.kinds import Completions
 
@@ -45,8 +46,10 @@ class ToolUse:
     completion (None without one)."""
 
     def __init__(self, tokenizer, generation, accelerator, tools: list[Callable], environment: Callable | None,
-                 max_completion_length: int, max_iterations: int | None, timeout: float):
+                 max_completion_length: int, max_iterations: int | None, timeout: float,
+                 eos_token_ids: list[int]):
         self.tokenizer, self.generation, self.accelerator = tokenizer, generation, accelerator
+        self.eos_token_ids = eos_token_ids  # a turn ends at any of them (grpo_kit.eos), as the backend stops
         self.tools, self.environment = tools, environment
         self.max_completion_length, self.timeout = max_completion_length, timeout
         self.max_iterations = float("inf") if max_iterations is None else max_iterations
@@ -66,7 +69,7 @@ class ToolUse:
             asking = []
             for row, (turn, turn_logps) in zip(active, generated):
                 turn = turn[: self.max_completion_length - len(ids[row])]  # the rest of the completion's budget
-                ended = bool(turn) and turn[-1] == self.tokenizer.eos_token_id
+                ended = bool(turn) and turn[-1] in self.eos_token_ids
                 message = parse_turn(self.tokenizer, turn, prompt_ids[row] + ids[row], toolboxes[row])
                 ids[row] += turn
                 tool_mask[row] += [1] * len(turn)
@@ -134,11 +137,12 @@ class ToolUse:
         def padded(rows, value, dtype):  # (N, width)
             return torch.tensor([row + [value] * (width - len(row)) for row in rows], dtype=dtype)
 
-        eos = self.tokenizer.eos_token_id
+        completion_ids = padded(ids, self.tokenizer.pad_token_id, torch.long)
+        completion_mask = padded([[1] * len(row) for row in ids], 0, torch.int)
         return Completions(
-            completion_ids=padded(ids, self.tokenizer.pad_token_id, torch.long),
-            completion_mask=padded([[1] * len(row) for row in ids], 0, torch.int),
-            is_truncated=torch.tensor([not row or row[-1] != eos for row in ids]),
+            completion_ids=completion_ids,
+            completion_mask=completion_mask,
+            is_truncated=is_truncated(completion_ids, completion_mask, self.eos_token_ids, self.tokenizer.pad_token_id),
             sampling_per_token_logps=None if logps is None else padded(logps, 0.0, torch.float),
             tool_mask=padded(tool_mask, 0, torch.int),
             tool_calls=torch.tensor(calls),

@@ -1,23 +1,26 @@
 """Experiment trackers (tensorboard, wandb, trackio) through accelerate, chosen with `trainer.report_to=[...]`.
 
 None of them is a dependency: `check_trackers` says which package to install before the run does any work, and
-the run's Accelerator is built with what it returns as `log_with`. `TrackerLogger` is a hook plugin like the
-loggers in grpo_kit/loggers.py. Accelerate's init_trackers and log act on the main process only.
+the run's Accelerator is built with what `accelerate_trackers` makes of its answer as `log_with`. `TrackerLogger`
+is a hook plugin like the loggers in grpo_kit/loggers.py. Accelerate's init_trackers and log act on the main
+process only.
 
-Where each run's records go: tensorboard into RUN_DIR/trackers/grpo_kit/ (the Accelerator's logging_dir, under
-the project's name), wandb into RUN_DIR/wandb/, trackio into its own local store.
+Where each run's records go, under `trainer.project` and named `trainer.run_name`: tensorboard into
+RUN_DIR/trackers/PROJECT/ (RUN_DIR/trackers/PROJECT/RUN_NAME/ when a run name is given: tensorboard names a run by
+its folder), wandb into RUN_DIR/wandb/, trackio into its own local store.
 """
 
 import math
 import os
+from pathlib import Path
 
+from accelerate.tracking import TensorBoardTracker
 from accelerate.utils import is_tensorboard_available, is_trackio_available, is_wandb_available
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 
 from grpo_kit.errors import ConfigError
 from grpo_kit.hookspecs import hookimpl
 
-PROJECT = "grpo_kit"
 # name -> is its package (of the same name) installed
 SUPPORTED = {"tensorboard": is_tensorboard_available, "wandb": is_wandb_available, "trackio": is_trackio_available}
 
@@ -47,14 +50,23 @@ def check_trackers(names: list[str]) -> list[str]:
     return list(dict.fromkeys(names))  # a name given twice would start its tracker twice
 
 
+def accelerate_trackers(names: list[str], t: DictConfig, run_dir: Path) -> list:
+    """`names` as Accelerator(log_with=...) takes them: tensorboard as a tracker of its own, since accelerate's
+    would write into a folder named after the project only."""
+    folder = t.project if t.run_name is None else f"{t.project}/{t.run_name}"
+    return [TensorBoardTracker(folder, run_dir / "trackers") if name == "tensorboard" else name for name in names]
+
+
 class TrackerLogger:
     """Sends the logged metrics of each logging window to the trackers the run's Accelerator was built with."""
 
     @hookimpl
     def on_train_start(self, run):
-        run_name = "/".join(run.directory.resolve().parts[-2:])  # DATE/TIME, or TIME/JOB in a sweep
+        t = run.cfg.trainer
+        # By default DATE/TIME, or TIME/JOB in a sweep
+        run_name = t.run_name or "/".join(run.directory.resolve().parts[-2:])
         run.accelerator.init_trackers(
-            PROJECT,
+            t.project,
             config=flat_config(OmegaConf.to_container(run.cfg, resolve=True)),
             init_kwargs={"wandb": {"dir": str(run.directory), "name": run_name}, "trackio": {"name": run_name}},
         )

@@ -26,7 +26,6 @@ from accelerate import Accelerator
 from accelerate.state import AcceleratorState
 from accelerate.utils import ProjectConfiguration, gather_object, set_seed
 from omegaconf import DictConfig, OmegaConf
-from transformers import get_scheduler
 
 from grpo_kit.batching import group_by_length, moves_before_use, split
 from grpo_kit.builders import build_advantage, build_custom_rollout, build_hooks, build_rewards, build_tool_use
@@ -40,24 +39,30 @@ from grpo_kit.checkpoint import (
     restore_run_files,
     resume_command,
     save_checkpoint,
+    write_state,
+    write_weights,
 )
 from grpo_kit.checks import check_model_path, check_prompt_lengths, check_reward_columns
+from grpo_kit.compatibility import corrects_rollouts
 from grpo_kit.config import complete, options
-from grpo_kit.data import PromptSampler, load_prompts
+from grpo_kit.data import PromptSampler, load_prompts, use_chat_template_kwargs
+from grpo_kit.eos import eos_token_ids
 from grpo_kit.errors import ConfigError, GenerationUnavailable
 from grpo_kit.evaluation import Evaluator, load_eval_prompts
 from grpo_kit.lock import write_or_compare
 from grpo_kit.loggers import ConsoleLogger, JsonlLogger
 from grpo_kit.modeling import load_model
 from grpo_kit.objective import Objective, ObjectiveOutput, build_objective, loss_mask
-from grpo_kit.pipeline import Run
+from grpo_kit.optimizers import build_optimizer, build_scheduler, check_optimization
+from grpo_kit.pipeline import Run, ScoredBatch
 from grpo_kit.plugins import Registry
 from grpo_kit.policy_loss import PolicyLoss, build_policy_loss
+from grpo_kit.precision import resolve_mixed_precision
 from grpo_kit.replay import RolloutRecorder, RolloutReplay
 from grpo_kit.report.collect import load_run
 from grpo_kit.rollout import Rollout
 from grpo_kit.samples import SampleLog
-from grpo_kit.scoring import Scorer
+from grpo_kit.scoring import Scorer, at_step, reward_trainer_state
 from grpo_kit.sharding import (
     ACCELERATE_STATE,
     build_reference,
@@ -67,7 +72,7 @@ from grpo_kit.sharding import (
     mix_into_sharded_reference,
     prepare_reference,
 )
-from grpo_kit.trackers import TrackerLogger, check_trackers
+from grpo_kit.trackers import TrackerLogger, accelerate_trackers, check_trackers
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +83,7 @@ def train(cfg: DictConfig, run_dir: str | Path, registry: Registry | None = None
     outputs, stop = state.outputs, state.outputs.stop
     try:
         outputs.hooks.on_train_start(run=state.run)
+        state.session_start = (time.perf_counter(), state.num_tokens)
         if outputs.evaluator is not None and state.cfg.eval.on_start and state.step == 0:
             state.optimization.model.eval()
             outputs.hooks.on_log(run=state.run, step=0, metrics={"step": 0, **outputs.evaluator(0)})
@@ -133,6 +139,7 @@ def setup(cfg: DictConfig, run_dir: Path, registry: Registry) -> "TrainState":
     max_steps = t.max_steps
     if max_steps == -1:
         max_steps = steps_in_epochs(cfg, len(prompts), prompts_per_generation * accelerator.num_processes)
+    check_optimization(t, accelerator.device, max_steps)
 
     if accelerator.is_main_process:
         log.info("Run directory: %s", run_dir.resolve())
@@ -142,7 +149,18 @@ def setup(cfg: DictConfig, run_dir: Path, registry: Registry) -> "TrainState":
         write_or_compare(run_dir, registry, cfg)  # the run lock: the plugins' versions, refused if they changed
     set_seed(cfg.seed)
 
-    model, tokenizer = load_model(cfg.model)
+    model, tokenizer = load_model(cfg.model, t.gradient_checkpointing_kwargs)
+    use_chat_template_kwargs(tokenizer, OmegaConf.to_container(cfg.data, resolve=True)["chat_template_kwargs"])
+    policy_loss.use_router_aux_loss(model, algo.router_aux_loss_coef)  # refused here for a model without experts
+    if policy_loss.router_aux_loss_coef != 0.0 and by_length:
+        if t.group_by_length:
+            raise ConfigError(
+                "trainer.group_by_length=true would change the gradient of this run's steps, because the router "
+                "load-balancing loss of this mixture-of-experts model is computed over each micro-batch's tokens. "
+                "Leave it null (grouping where it changes nothing) or false, or set algorithm.router_aux_loss_coef=0."
+            )
+        by_length = False
+    eos = eos_token_ids(model, tokenizer)  # every backend, the tool loop and custom rollouts end completions at these
     for dataset in every_prompt_set:
         check_prompt_lengths(
             dataset, tokenizer, cfg.generation.max_completion_length,
@@ -152,19 +170,8 @@ def setup(cfg: DictConfig, run_dir: Path, registry: Registry) -> "TrainState":
     sampler = PromptSampler(
         prompts, cfg.seed, cfg.data.shuffle, accelerator.process_index, accelerator.num_processes
     )
-    optimizer = torch.optim.AdamW(
-        [parameter for parameter in model.parameters() if parameter.requires_grad],
-        lr=t.learning_rate,
-        betas=(t.adam_beta1, t.adam_beta2),
-        eps=t.adam_epsilon,
-        weight_decay=t.weight_decay,
-    )
-    scheduler = get_scheduler(
-        t.lr_scheduler_type,
-        optimizer,
-        num_warmup_steps=math.ceil(t.warmup_ratio * max_steps),
-        num_training_steps=max_steps,
-    )
+    optimizer = build_optimizer(t, model)
+    scheduler = build_scheduler(t, optimizer, max_steps)
     # The scheduler stays unprepared: accelerate would step it once per process, TRL steps it once per step.
     model, optimizer = accelerator.prepare(model, optimizer)
     reference = prepare_reference(reference, accelerator)
@@ -179,10 +186,19 @@ def setup(cfg: DictConfig, run_dir: Path, registry: Registry) -> "TrainState":
         accelerator.autocast,
         # Old log-probs are needed once the policy may have moved since the batch was generated.
         off_policy=t.gradient_accumulation_steps % (steps_per_generation * algo.num_iterations) != 0,
+        corrects_rollouts=corrects_rollouts(cfg, registry),
     )
 
     console = ConsoleLogger()
-    scorer = Scorer(rewards, timeout=t.reward_timeout, workers=t.reward_workers)
+    # The trainer_state rewards receive, as TRL hands its own; `at_step` moves it on after each step.
+    prompts_per_step = (prompts_per_generation * accelerator.num_processes * t.gradient_accumulation_steps
+                        / (steps_per_generation * algo.num_iterations))
+    trainer_state = reward_trainer_state(
+        max_steps, max_steps * prompts_per_step / len(prompts), logging_steps=t.logging_steps,
+        save_steps=t.save_steps, train_batch_size=t.per_device_train_batch_size,
+        is_local_process_zero=accelerator.is_local_main_process, is_world_process_zero=accelerator.is_main_process,
+    )
+    scorer = Scorer(rewards, timeout=t.reward_timeout, workers=t.reward_workers, trainer_state=trainer_state)
     outputs = SideOutputs(
         registry.plugin_manager,
         [JsonlLogger(), console, *([TrackerLogger()] if trackers else []), *hook_plugins],
@@ -206,10 +222,11 @@ def setup(cfg: DictConfig, run_dir: Path, registry: Registry) -> "TrainState":
             algo.mask_truncated_completions,
             outputs.hooks,
             accelerator,
+            eos_token_ids=eos,
             with_logprobs=references.wants_sampling_logps,
             replay=replay,
             recorder=RolloutRecorder(run_dir) if cfg.rollouts.save else None,
-            tool_use=build_tool_use(cfg, registry, tokenizer, generation, accelerator),
+            tool_use=build_tool_use(cfg, registry, tokenizer, generation, accelerator, eos),
             custom=build_custom_rollout(cfg, registry),
         )
         state = TrainState(
@@ -243,6 +260,7 @@ def setup(cfg: DictConfig, run_dir: Path, registry: Registry) -> "TrainState":
             check_resumable(saved["config"], cfg, checkpoint)
             restore_run_files(checkpoint, run_dir)
             state.load_state_dict(saved)  # the last setup step: it restores the random generators too
+            at_step(trainer_state, state.step)
             generation.update_weights(model, state.step)
             state.run.start_step = state.step
             log.info("Resuming from %s (step %d)", checkpoint, state.step)
@@ -263,19 +281,21 @@ def train_step(state: "TrainState", step: int) -> tuple[bool, float]:
     cfg, model, window = state.cfg, state.optimization.model, state.window
     t, algo = cfg.trainer, cfg.algorithm
     steps_per_generation = state.optimization.steps_per_generation
+    # Training mode from generation to the optimizer step, as in TRL: under dropout, the samples, the old log-probs
+    # (computed at generation, or kept from the first training pass) and a LoRA policy's adapter-free reference
+    # log-probs all come from training-mode passes, as the trained log-probs do. Only evaluation runs in eval mode.
     model.train()
     step_start = state.progress()  # where a generation backend that fails mid-step sends the run back
     finite, grad_norm = True, math.nan  # a non-finite loss anywhere in the step skips the whole optimizer step
     try:
         for index in range(t.gradient_accumulation_steps):
             if state.micro_step % (steps_per_generation * algo.num_iterations) == 0:
-                model.eval()
                 state.micro_batches, state.rollout_metrics = generate_batch(
                     state.rollout, state.run, state.references, model, state.prompts_per_generation,
                     state.accelerator, state.split_batch,
                     moved=moves_before_use(state.micro_step, steps_per_generation, t.gradient_accumulation_steps),
                 )
-                model.train()
+                state.num_tokens += tokens_seen(state.rollout.last[0], state.accelerator)
                 if state.outputs.samples is not None:
                     state.outputs.samples.record(step, *sample_columns(state.rollout))
             position = state.micro_step % steps_per_generation
@@ -299,6 +319,7 @@ def train_step(state: "TrainState", step: int) -> tuple[bool, float]:
         state.optimizer.zero_grad(set_to_none=True)
         raise saved_and_stopped(error, state) from error
     state.step = step
+    at_step(state.outputs.scorer.trainer_state, step)
     if algo.sync_ref_model and step % algo.ref_model_sync_steps == 0:
         mix_into_sharded_reference(state.accelerator, model, state.references.reference, algo.ref_model_mixup_alpha)
     try:
@@ -329,11 +350,13 @@ def end_of_step(state: "TrainState", step: int, finite: bool, grad_norm: float, 
         except GenerationUnavailable as error:
             raise saved_and_stopped(error, state) from error
     if step % t.logging_steps == 0 or step == state.run.max_steps or evaluated:
-        logged = summarise(window, step, t.gradient_accumulation_steps, state.scheduler.get_last_lr()[0])
+        logged = summarise(window, step, t.gradient_accumulation_steps, state.optimization.learning_rate)
+        logged |= token_counts(state)
         window.clear()
         outputs.hooks.on_log(run=state.run, step=step, metrics=logged | evaluated)
     if (t.save_steps and step % t.save_steps == 0) or step == state.run.max_steps or stop.reason:
-        save_step(state)
+        # A run that stops early saves the whole state, to go on from.
+        save_step(state, weights_only=t.save_only_model and not stop.reason)
     if stop.reason is StopReason.NON_FINITE_LOSSES:
         raise RuntimeError(
             f"{state.bad_steps} steps in a row had a non-finite loss, so the run stopped after saving a checkpoint "
@@ -361,8 +384,8 @@ def build_accelerator(t: DictConfig, run_dir: Path, trackers: list[str]) -> Acce
         # Launched as several processes on a machine without CUDA (torchrun, `accelerate launch --multi_gpu`):
         # accelerate joins them over gloo only when told to use the CPU.
         cpu=int(os.environ.get("WORLD_SIZE", "1")) > 1 and not torch.cuda.is_available(),
-        mixed_precision=t.mixed_precision,
-        log_with=trackers or None,
+        mixed_precision=resolve_mixed_precision(t.mixed_precision),
+        log_with=accelerate_trackers(trackers, t, run_dir) or None,
         project_config=ProjectConfiguration(project_dir=str(run_dir), logging_dir=str(run_dir / "trackers")),
     )
     for engine, flag in (("FSDP", "ACCELERATE_USE_FSDP"), ("DeepSpeed", "ACCELERATE_USE_DEEPSPEED")):
@@ -393,6 +416,8 @@ class Optimization:
     gradient_accumulation_steps: int
     steps_per_generation: int
     max_grad_norm: float
+    entropy_totals: torch.Tensor | None = None  # (2,) the entropy sum and count of the step so far
+    learning_rate: float = math.nan  # the rate the last optimizer step used, which is logged (as TRL logs it)
 
     def train_on(
         self, micro_batch: dict[str, torch.Tensor], finite: bool, ends_step: bool
@@ -414,13 +439,32 @@ class Optimization:
             if finite:
                 accelerator.sync_gradients = ends_step  # DeepSpeed's backward steps its optimizer when True
                 accelerator.backward(out.loss)
+        if out.entropy_totals is not None:
+            self.entropy_totals = out.entropy_totals + (0 if self.entropy_totals is None else self.entropy_totals)
         if ends_step:
+            self.learning_rate = self.scheduler.get_last_lr()[0]  # before the scheduler moves on to the next step's
             if finite:
                 grad_norm = float(accelerator.clip_grad_norm_(self.model.parameters(), self.max_grad_norm))
                 self.optimizer.step()
                 self.scheduler.step()
             self.optimizer.zero_grad()
+            self._end_entropy_window(out)
         return out, finite, grad_norm
+
+    @property
+    def entropy_control(self):
+        return self.policy_loss.objective.entropy_control
+
+    def _end_entropy_window(self, out: ObjectiveOutput) -> None:
+        """Adaptive entropy control's update, once per optimizer step as TRL's (skipped steps too), from the mean
+        entropy of the step's trained tokens on every process; the coefficient is logged as TRL logs it."""
+        control = self.entropy_control
+        if self.entropy_totals is not None and self.policy_loss.objective.algorithm.use_adaptive_entropy:
+            entropy_sum, count = self.accelerator.reduce(self.entropy_totals, reduction="sum").tolist()
+            control.update(entropy_sum / max(count, 1.0))
+        self.entropy_totals = None
+        if control.enabled:
+            out.metrics["entropy_coef"] = torch.tensor(control.coef, device=self.accelerator.device)
 
 
 def check_processes(cfg: DictConfig, generation_batch_size: int, num_processes: int) -> None:
@@ -551,6 +595,8 @@ class TrainState:
     rollout_metrics: dict[str, float] = field(default_factory=dict)  # that batch's metrics
     window: defaultdict[str, list[float]] = field(default_factory=lambda: defaultdict(list))  # since the last log
     bad_steps: int = 0  # non-finite steps in a row (not saved: a resumed run counts again)
+    num_tokens: int = 0  # prompt and completion tokens generated for training so far, every process's
+    session_start: tuple[float, int] = (0.0, 0)  # when training began (or resumed), and num_tokens then
 
     def state_dict(self) -> dict:
         """The checkpoint; every process calls it, since it gathers what differs between processes."""
@@ -570,6 +616,8 @@ class TrainState:
             "micro_step": self.micro_step,
             "rollout_metrics": self.rollout_metrics,
             "window": dict(self.window),
+            "num_tokens": self.num_tokens,
+            "entropy_control": self.optimization.entropy_control.state_dict(),
             # Each process's own generation batch and random generators, by process index.
             "processes": gather_object([{"micro_batches": to_cpu(self.micro_batches), "random": random_states()}]),
         }
@@ -582,6 +630,7 @@ class TrainState:
             "micro_batches": list(self.micro_batches),  # a micro-batch is replaced, never changed in place
             "rollout_metrics": self.rollout_metrics,
             "window": {name: list(values) for name, values in self.window.items()},
+            "num_tokens": self.num_tokens,
             "replay_position": None if self.replay is None else self.replay.count,
             "recorded": None if self.recorder is None else self.recorder.count,
             "random": random_states(),
@@ -590,6 +639,7 @@ class TrainState:
     def rewind(self, progress: dict) -> None:
         self.sampler.restore(progress["sampler"])
         self.micro_step, self.micro_batches = progress["micro_step"], progress["micro_batches"]
+        self.num_tokens = progress["num_tokens"]
         self.rollout_metrics = progress["rollout_metrics"]
         self.window.clear()
         self.window.update(progress["window"])
@@ -617,12 +667,13 @@ class TrainState:
             self.replay.count = state["replay_position"]
         if self.recorder is not None:
             self.recorder.count = state["recorded"]
-        self.step, self.micro_step = state["step"], state["micro_step"]
+        self.step, self.micro_step, self.num_tokens = state["step"], state["micro_step"], state["num_tokens"]
         device = self.accelerator.device
         self.micro_batches = [{name: tensor.to(device) for name, tensor in batch.items()} for batch in own["micro_batches"]]
         self.rollout_metrics = state["rollout_metrics"]
         self.window.clear()
         self.window.update(state["window"])
+        self.optimization.entropy_control.load_state_dict(state["entropy_control"])
         restore_random_states(own["random"])
 
 
@@ -630,17 +681,26 @@ def to_cpu(micro_batches: list[dict]) -> list[dict]:
     return [{name: tensor.cpu() for name, tensor in batch.items()} for batch in micro_batches]
 
 
-def save_step(state: TrainState) -> None:
-    """A checkpoint of `state.step`, written by every process together."""
+def save_step(state: TrainState, weights_only: bool = False) -> None:
+    """A checkpoint of `state.step`, written by every process together: the whole TrainState, or the model's
+    weights only."""
     accelerator, run_dir, keep = state.accelerator, state.run_dir, state.cfg.trainer.save_total_limit
-    checkpoint_state = state.state_dict()  # on every process: it gathers their own parts
-    parts = None
-    if is_sharded(accelerator):  # every process writes its own part of the weights and optimizer state
-        parts = run_dir / CHECKPOINTS / f".parts-{state.step:06d}"
-        accelerator.save_state(parts)
-        accelerator.wait_for_everyone()
+    if weights_only:
+        model = state.optimization.model
+        weights = accelerator.get_state_dict(model)  # every process: FSDP and ZeRO-3 gather the whole weights
+        write = functools.partial(
+            write_weights, model=accelerator.unwrap_model(model), weights=weights, tokenizer=state.run.tokenizer
+        )
+    else:
+        checkpoint_state = state.state_dict()  # on every process: it gathers their own parts
+        parts = None
+        if is_sharded(accelerator):  # every process writes its own part of the weights and optimizer state
+            parts = run_dir / CHECKPOINTS / f".parts-{state.step:06d}"
+            accelerator.save_state(parts)
+            accelerator.wait_for_everyone()
+        write = functools.partial(write_state, state=checkpoint_state, parts=parts)
     if accelerator.is_main_process:
-        save_checkpoint(run_dir, state.step, checkpoint_state, keep=keep, parts=parts)
+        save_checkpoint(run_dir, state.step, write, keep=keep)
     accelerator.wait_for_everyone()
 
 
@@ -662,10 +722,11 @@ class ReferenceQuantities:
     reference: Callable | None  # the frozen reference model, when algorithm.beta > 0
     autocast: Callable  # the mixed-precision context the policy's forward passes run in
     off_policy: bool
+    corrects_rollouts: bool = True  # False: the rollout correction is off for this run's sampler (compatibility.py)
 
     @property
     def wants_sampling_logps(self) -> bool:
-        return self.objective.correction.level is not None
+        return self.corrects_rollouts and self.objective.correction.level is not None
 
     @torch.no_grad()
     def add(self, policy, micro_batch: dict[str, torch.Tensor], moved: bool = True) -> None:
@@ -727,7 +788,29 @@ def sampler_mismatch(micro_batches: list[dict], accelerator) -> dict[str, float]
 def sample_columns(rollout):
     scored, advantages = rollout.last
     names = list(rollout.scorer.rewards)
-    return scored.prompts, scored.completions, scored.rewards_per_func, names, advantages, scored.generated
+    return (
+        scored.prompts, scored.completions, scored.rewards_per_func, names, advantages, scored.generated,
+        scored.extra_columns,
+    )
+
+
+def tokens_seen(scored: ScoredBatch, accelerator) -> int:
+    """The prompt and completion tokens of a generation batch on every process, as TRL counts them for its
+    num_tokens: each prompt's own length, and the tokens the model wrote (tool output left out)."""
+    generated = scored.generated
+    written = generated.completion_mask if generated.tool_mask is None else generated.completion_mask * generated.tool_mask
+    local = sum(len(ids) for ids in scored.prompt_ids) + int(written.sum())
+    return int(accelerator.gather(torch.tensor([local], device=accelerator.device)).sum())
+
+
+def token_counts(state: "TrainState") -> dict:
+    """TRL's num_tokens, and transformers' train_tokens_per_second: the tokens since training began (a resumed run:
+    since it resumed) over the seconds since."""
+    started, tokens_then = state.session_start
+    return {
+        "num_tokens": state.num_tokens,
+        "train_tokens_per_second": (state.num_tokens - tokens_then) / (time.perf_counter() - started),
+    }
 
 
 def summarise(window: dict[str, list[float]], step: int, accumulation: int, learning_rate: float) -> dict:

@@ -34,6 +34,8 @@ CHAT_ONLY = "TRL's think_format_reward reads chat messages, and the embedded tas
 
 SKIPPED = {
     "python -m grpo_kit model.name_or_path=Qwen/Qwen2.5-0.5B-Instruct data.path=prompts.jsonl +reward=accuracy": HUB,
+    "python -m grpo_kit model.name_or_path=Qwen/Qwen3-0.6B data.path=prompts.jsonl +reward=accuracy "
+    "+data.chat_template_kwargs.enable_thinking=false": HUB,
     "accelerate launch --config_file conf/accelerate/fsdp2.yaml -m grpo_kit +reward=accuracy": PROCESSES,
     "python -m grpo_kit +reward=accuracy generation=vllm_server": VLLM,
     "python -m grpo_kit +reward=accuracy model.name_or_path=Qwen/Qwen3-0.6B data.path=questions.jsonl "

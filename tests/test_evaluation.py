@@ -2,13 +2,18 @@
 
 import importlib
 import json
+import random
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
 import grpo_kit
-from grpo_kit.embedded import every_problem
+from grpo_kit import embedded, embedded_tool_use
+from grpo_kit.config import DataConfig, EvalConfig
+from grpo_kit.data import load_prompts
+from grpo_kit.errors import ConfigError
+from grpo_kit.evaluation import load_eval_prompts
 from grpo_kit.plugins import Registry, plugin_manager
 from grpo_kit.testing import tiny_run
 
@@ -76,10 +81,44 @@ def test_eval_generations_and_batch_size_are_its_own(local_plugin, tiny_model, t
     assert sizes == [8, 2 * 3, 2 * 3, 1 * 3]  # one training batch, then 5 eval prompts in batches of 2, 3 each
 
 
-def test_the_embedded_eval_set_is_every_sum_once():
-    prompts = [row["prompt"] for row in every_problem()]
-    assert len(prompts) == len(set(prompts)) == 100
-    assert {"prompt": "3+4=", "solution": "7"} in every_problem()
+def embedded_eval_prompts(task: str, split: str) -> list[str]:
+    rows = load_eval_prompts(EvalConfig(split=split, num_examples=10_000), DataConfig(embedded=task))
+    return [question(prompt) for prompt in rows["prompt"]]
+
+
+def question(prompt) -> str:
+    return prompt if isinstance(prompt, str) else prompt[0]["content"]  # text, or chat messages
+
+
+def pretraining_questions(task: str) -> set[str]:
+    """The questions of every example the embedded model `task` is pretrained on, drawn as its pretraining draws them."""
+    rng = random.Random(embedded.MODEL_SEED)
+    if task == "sums":
+        texts = (embedded._noisy_example(rng) for _ in range(embedded.PRETRAIN_STEPS * embedded.PRETRAIN_BATCH))
+        return {text[: text.index("=") + 1] for text in texts}
+    count = embedded_tool_use.PRETRAIN_STEPS * embedded_tool_use.PRETRAIN_BATCH
+    return {embedded_tool_use.noisy_conversation(rng)[0][0]["content"] for _ in range(count)}
+
+
+@pytest.mark.parametrize("task", ["sums", "tool_use"])
+def test_the_embedded_eval_set_is_never_pretrained_or_trained_on(task):
+    held_out = embedded_eval_prompts(task, "test")
+    trained = {question(prompt) for prompt in load_prompts(DataConfig(embedded=task))["prompt"]}
+    assert len(held_out) == len(set(held_out)) == {"sums": 20, "tool_use": 100}[task]
+    assert not set(held_out) & trained
+    assert not set(held_out) & pretraining_questions(task)
+    assert set(embedded_eval_prompts(task, "train")) <= trained
+
+
+def test_the_embedded_sums_are_split_into_held_out_and_trained_on():
+    held_out, trained = embedded_eval_prompts("sums", "test"), embedded_eval_prompts("sums", "train")
+    assert sorted(held_out + trained) == sorted(f"{a}+{b}=" for a in range(10) for b in range(10))
+    assert {"prompt": "3+4=", "solution": "7"} in load_eval_prompts(EvalConfig(split="train"), DataConfig())
+
+
+def test_an_embedded_eval_split_other_than_test_or_train_is_refused():
+    with pytest.raises(ConfigError, match="eval.split=validation is no split of the embedded task: choose test"):
+        load_eval_prompts(EvalConfig(split="validation"), DataConfig())
 
 
 def test_eval_split_of_a_data_file_is_refused_before_training(registry, tiny_model, tmp_path, eval_file):

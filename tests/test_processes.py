@@ -45,7 +45,7 @@ def torchrun_cli(tiny_model, run_dir, *overrides):
         "-m", "grpo_kit", "+reward=accuracy", f"model.name_or_path={tiny_model}", "data.num_examples=64",
         "generation.num_generations=4", "trainer.per_device_train_batch_size=4", "trainer.learning_rate=1e-2",
         "trainer.max_steps=4", "trainer.save_steps=2", "trainer.save_total_limit=5", "trainer.progress_bar=false",
-        "algorithm.beta=0.04", "eval.split=test", "eval.num_examples=6", f"hydra.run.dir={run_dir}", *overrides,
+        "trainer.logging_steps=1", "algorithm.beta=0.04", "eval.split=test", "eval.num_examples=6", f"hydra.run.dir={run_dir}", *overrides,
     ]
     run(command, run_dir)
 

@@ -45,5 +45,5 @@ def test_the_plugin_guide_names_every_public_module():
 def test_what_hooks_and_plugins_are_handed_is_importable_from_grpo_kit():
     for name in ("hookimpl", "Loss", "ImportanceSampling", "RolloutCorrection", "Advantage", "Generation",
                  "Environment", "CustomRollout", "Reward", "GenerationConfig", "RewardConfig", "Completions", "LossInputs",
-                 "Reduction", "RolloutResult", "ConfigError", "Run", "ScoredBatch"):
+                 "Reduction", "RolloutResult", "ConfigError", "Run", "ScoredBatch", "eos_token_ids", "eos_mask", "is_truncated"):
         assert name in grpo_kit.__all__ and getattr(grpo_kit, name) is not None

@@ -18,7 +18,7 @@ def test_chat_prompts_through_the_models_template(registry, tmp_path):
         [
             "+reward=accuracy", f"model.name_or_path={model}", f"data.path={data}", "generation.num_generations=4",
             "generation.max_completion_length=6", "trainer.per_device_train_batch_size=8", "trainer.max_steps=2",
-            "trainer.progress_bar=false", "trainer.sample_every=1",
+            "trainer.progress_bar=false", "trainer.sample_every=1", "trainer.logging_steps=1",
         ],
         registry,
     )

@@ -28,7 +28,7 @@ def command(tiny_model, run_dir, *extra):
     return [
         sys.executable, "-m", "grpo_kit", "+reward=digits", f"model.name_or_path={tiny_model}",
         "generation.num_generations=4", "trainer.per_device_train_batch_size=8", "trainer.max_steps=8",
-        "trainer.learning_rate=1e-2", "trainer.progress_bar=false", "trainer.save_steps=1",
+        "trainer.learning_rate=1e-2", "trainer.progress_bar=false", "trainer.save_steps=1", "trainer.logging_steps=1",
         "algorithm.steps_per_generation=2", "algorithm.num_iterations=2",  # pending batches cross step boundaries
         "trainer.resume=auto", f"hydra.run.dir={run_dir}", *extra,
     ]
@@ -149,7 +149,8 @@ def test_resuming_with_changed_settings_is_refused_with_the_differences(registry
     from grpo_kit.errors import ConfigError
 
     base = ["+loss=dapo", "+reward=accuracy", f"model.name_or_path={tiny_model}", "generation.num_generations=4",
-            "trainer.per_device_train_batch_size=8", "trainer.max_steps=2", "trainer.progress_bar=false"]
+            "trainer.per_device_train_batch_size=8", "trainer.max_steps=2", "trainer.progress_bar=false",
+            "trainer.logging_steps=1"]
     grpo_kit.train(grpo_kit.compose(base, registry), tmp_path, registry)
     changed = grpo_kit.compose([*base, "trainer.resume=auto", "trainer.max_steps=3", "loss.epsilon=0.3"], registry)
     with pytest.raises(ConfigError, match=r"loss.epsilon: 0.2 -> 0.3\n.*trainer.max_steps: 2 -> 3 .*\n.*trainer.resume_force=true"):

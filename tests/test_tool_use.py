@@ -97,7 +97,7 @@ def rows(*questions: str) -> list[dict]:
 def tool_use(tools=(), environment=None, max_completion_length=128, max_iterations=None, timeout=5.0, policy=None):
     return ToolUse(
         TOKENIZER, policy or ScriptedPolicy(), Accelerator(cpu=True), list(tools), environment,
-        max_completion_length, max_iterations, timeout,
+        max_completion_length, max_iterations, timeout, [TOKENIZER.eos_token_id],
     )
 
 
@@ -308,7 +308,7 @@ def test_the_tool_calling_template_round_trips_a_call_through_the_loop(tool_temp
             mask = torch.tensor([[1] * len(t) + [0] * (width - len(t)) for t in turns])
             return Completions(ids, mask, torch.zeros(len(turns), dtype=torch.bool))
 
-    loop = ToolUse(tokenizer, Caller(), Accelerator(cpu=True), [add], None, 64, None, 5.0)
+    loop = ToolUse(tokenizer, Caller(), Accelerator(cpu=True), [add], None, 64, None, 5.0, [tokenizer.eos_token_id])
     turns = loop(rows("2+5="), with_logprobs=False)
     written = tokenizer.decode(turns.generated.completion_ids[0, : int(turns.generated.completion_mask.sum())])
     assert written == call + "<r>7</r><a>7<eos>"

@@ -13,11 +13,11 @@ from omegaconf import OmegaConf
 import grpo_kit
 from grpo_kit.errors import ConfigError
 from grpo_kit.pipeline import Run
-from grpo_kit.trackers import PROJECT, TrackerLogger, check_trackers, flat_config
+from grpo_kit.trackers import TrackerLogger, check_trackers, flat_config
 
 CONFIG = {
     "seed": 3,
-    "trainer": {"learning_rate": 1e-3, "max_steps": 2, "report_to": ["tensorboard"]},
+    "trainer": {"learning_rate": 1e-3, "max_steps": 2, "report_to": ["tensorboard"], "project": "grpo_kit", "run_name": None},
     "rollouts": {"replay": None},
     "hook": {},
 }
@@ -47,7 +47,7 @@ def test_tensorboard_receives_the_logged_metrics(tmp_path, fresh_accelerate_stat
         logger.on_log(run=run, step=metrics["step"], metrics=metrics)
     logger.on_train_end(run=run)
 
-    events = event_accumulator.EventAccumulator(str(tmp_path / PROJECT))  # the run's events, not the hparams'
+    events = event_accumulator.EventAccumulator(str(tmp_path / "grpo_kit"))  # the run's events, not the hparams'
     events.Reload()
     scalars = {tag: [(event.step, event.value) for event in events.Scalars(tag)] for tag in events.Tags()["scalars"]}
     assert scalars == {
@@ -63,6 +63,8 @@ def test_config_is_flat_scalars_for_tensorboards_hparams():
         "trainer/learning_rate": 1e-3,
         "trainer/max_steps": 2,
         "trainer/report_to": "['tensorboard']",
+        "trainer/project": "grpo_kit",
+        "trainer/run_name": "None",
         "rollouts/replay": "None",
     }
 
@@ -113,7 +115,7 @@ def tracked_run(tiny_model, *trackers):
 def test_a_run_reports_to_tensorboard_inside_its_directory(registry, tiny_model, tmp_path):
     event_accumulator = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")
     grpo_kit.train(grpo_kit.compose(tracked_run(tiny_model, "tensorboard"), registry), tmp_path / "run", registry)
-    events = event_accumulator.EventAccumulator(str(tmp_path / "run" / "trackers" / PROJECT))
+    events = event_accumulator.EventAccumulator(str(tmp_path / "run" / "trackers" / "grpo_kit"))
     events.Reload()
     logged = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [(event.step, event.value) for event in events.Scalars("reward")] == [

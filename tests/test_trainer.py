@@ -94,6 +94,7 @@ def covering_set():
 def train_one_step(registry, tiny_model, tmp_path, loss, level, correction, *extra):
     """One step on the tiny model, or, with tiny_model None, two steps on the embedded default."""
     overrides = [f"+loss={loss}", f"importance_sampling={level}", f"rollout_correction={correction}", *extra]
+    overrides.append("algorithm.correct_policy_sampler=true")  # model=hf corrects vLLM's samples only
     if tiny_model is None:
         base = ["+reward=accuracy", "trainer.max_steps=2", "trainer.progress_bar=false"]
     else:

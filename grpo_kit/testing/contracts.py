@@ -46,6 +46,7 @@ import torch
 from omegaconf import OmegaConf
 
 from grpo_kit.config import hydra_composition, options
+from grpo_kit.eos import eos_token_ids
 from grpo_kit.hookspecs import hookimpl
 from grpo_kit.inventory import split_distribution
 from grpo_kit.kinds import (
@@ -721,7 +722,9 @@ class RewardContract(PluginContract):
 class GenerationContract(PluginContract):
     """A generation backend (kinds.py: Generation) on a tiny random model with the embedded tokenizer.
 
-    The default options sample hot and short, so that some completions end with EOS and some are cut off.
+    The default options sample hot and short, so that some completions end with EOS and some are cut off. The
+    model's generation config lists a second EOS id besides the tokenizer's, as Qwen2.5/Qwen3 Instruct's do: a
+    backend must end a completion at the first of either (`grpo_kit.eos_token_ids`).
     `reports_sampling_logprobs = False` for a backend that cannot report its own log-probs.
     """
 
@@ -738,7 +741,9 @@ class GenerationContract(PluginContract):
         from grpo_kit.testing.models import build_tiny_model
 
         directory = build_tiny_model(tmp_path_factory.mktemp("generation-contract-model"))
-        return AutoModelForCausalLM.from_pretrained(directory), AutoTokenizer.from_pretrained(directory)
+        model, tokenizer = AutoModelForCausalLM.from_pretrained(directory), AutoTokenizer.from_pretrained(directory)
+        model.generation_config.eos_token_id = [tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids("5")]
+        return model, tokenizer
 
     @pytest.fixture(scope="class")
     @classmethod
@@ -766,19 +771,25 @@ class GenerationContract(PluginContract):
         assert truncated.shape == (n,) and truncated.dtype == torch.bool, "is_truncated: a (N,) bool tensor"
 
     def test_mask_covers_up_to_and_including_the_first_eos(self, generated, model_and_tokenizer):
-        eos = model_and_tokenizer[1].eos_token_id
+        eos = torch.tensor(eos_token_ids(*model_and_tokenizer))
+        ends = []
         for row, (ids, mask) in enumerate(zip(generated.completion_ids, generated.completion_mask)):
-            eos_positions = (ids == eos).nonzero().view(-1)
+            eos_positions = torch.isin(ids, eos).nonzero().view(-1)
             end = eos_positions[0].item() + 1 if len(eos_positions) else len(ids)
             assert mask[:end].all() and not mask[end:].any(), f"completion {row}: ids {ids.tolist()}, mask {mask}"
+            ends.append(ids[end - 1].item())
+        assert set(eos.tolist()) <= set(ends), f"hot sampling should end completions at every EOS id {eos.tolist()}"
 
     def test_truncation_flags_agree_with_the_tokens(self, generated, model_and_tokenizer, plugin_config):
-        eos = model_and_tokenizer[1].eos_token_id
+        # TRL's rule: cut off where the last token is neither an EOS nor the pad token.
+        finishing = set(eos_token_ids(*model_and_tokenizer)) | {model_and_tokenizer[1].pad_token_id}
         for row, (ids, mask, truncated) in enumerate(
             zip(generated.completion_ids, generated.completion_mask, generated.is_truncated)
         ):
-            ended = bool((ids[mask.bool()] == eos).any())
-            assert bool(truncated) != ended, f"completion {row}: is_truncated={bool(truncated)}, EOS seen: {ended}"
+            last = ids[mask.bool()][-1].item()
+            assert bool(truncated) == (last not in finishing), (
+                f"completion {row}: is_truncated={bool(truncated)}, last token {last} (EOS or pad: {sorted(finishing)})"
+            )
             if truncated:
                 assert int(mask.sum()) == plugin_config.max_completion_length, f"completion {row} stopped early"
         assert generated.is_truncated.any() and not generated.is_truncated.all(), (
@@ -831,6 +842,7 @@ class GenerationContract(PluginContract):
 
 def _greedy_completions(model, tokenizer, prompt_ids, max_completion_length) -> list[list[int]]:
     """The model's own greedy completions (transformers' generate, one prompt at a time), up to the first EOS."""
+    eos = eos_token_ids(model, tokenizer)
     completions = []
     for ids in prompt_ids:
         out = model.generate(
@@ -838,12 +850,11 @@ def _greedy_completions(model, tokenizer, prompt_ids, max_completion_length) -> 
             do_sample=False,
             max_new_tokens=max_completion_length,
             pad_token_id=tokenizer.pad_token_id,
-            eos_token_id=tokenizer.eos_token_id,
+            eos_token_id=eos,
         )
         completion = out[0, len(ids) :].tolist()
-        if tokenizer.eos_token_id in completion:
-            completion = completion[: completion.index(tokenizer.eos_token_id) + 1]
-        completions.append(completion)
+        ends = [position for position, token in enumerate(completion) if token in eos]
+        completions.append(completion[: ends[0] + 1] if ends else completion)
     return completions
 
 

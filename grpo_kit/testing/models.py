@@ -32,6 +32,36 @@ def build_tiny_reward_model(directory: str | Path, seed: int = 0, chat_template:
     return _save(directory, model, tokenizer)
 
 
+MIXTURES_OF_EXPERTS = {  # family -> its config and model classes' names in transformers, and its expert sizes
+    "qwen2_moe": ("Qwen2MoeConfig", "Qwen2MoeForCausalLM", dict(num_experts=4, moe_intermediate_size=8,
+                                                                shared_expert_intermediate_size=8)),
+    "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM", dict(num_experts=4, moe_intermediate_size=8)),
+    "mixtral": ("MixtralConfig", "MixtralForCausalLM", dict(num_local_experts=4)),
+}
+
+
+def build_tiny_moe_model(directory: str | Path, family: str = "qwen3_moe", seed: int = 0, **config) -> Path:
+    """Save an untrained two-layer mixture-of-experts model (4 experts, 2 per token) of `family` (a key of
+    MIXTURES_OF_EXPERTS) with the embedded character tokenizer; `config` overrides its config's fields."""
+    import transformers
+
+    config_name, model_name, experts = MIXTURES_OF_EXPERTS[family]
+    tokenizer = build_tokenizer()
+    torch.manual_seed(seed)
+    architecture = dict(
+        hidden_size=16, intermediate_size=32, num_attention_heads=2, num_key_value_heads=1, num_hidden_layers=2,
+        max_position_embeddings=128, num_experts_per_tok=2, tie_word_embeddings=True, bos_token_id=None,
+    )
+    model_config = getattr(transformers, config_name)(
+        vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
+        **(architecture | experts | config),
+    )
+    model = getattr(transformers, model_name)(model_config)
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    return _save(directory, model, tokenizer)
+
+
 def _tiny(model_class, seed: int, chat_template: str | None, tokenizer, **architecture):
     tokenizer = tokenizer or build_tokenizer()
     if chat_template is not None:

@@ -6,7 +6,8 @@ from pathlib import Path
 def tiny_run(model_dir: str | Path, *overrides: str) -> list[str]:
     """Three quick steps on a `build_tiny_model` directory, for `grpo_kit.compose`; later `overrides` win.
 
-    The learning rate is high so that three steps visibly change the weights.
+    The learning rate is high so that three steps visibly change the weights, and every step is logged (model=hf
+    keeps TRL's logging_steps of 10).
     """
     return [
         f"model.name_or_path={model_dir}",
@@ -16,5 +17,6 @@ def tiny_run(model_dir: str | Path, *overrides: str) -> list[str]:
         "trainer.max_steps=3",
         "trainer.learning_rate=1e-2",
         "trainer.progress_bar=false",
+        "trainer.logging_steps=1",
         *overrides,
     ]

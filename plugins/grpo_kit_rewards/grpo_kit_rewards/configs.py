@@ -61,3 +61,5 @@ class RewardModelConfig(RewardConfig):
     device: str = "auto"  # "auto": cuda when there is one, else cpu
     max_length: int | None = None  # tokens per text; None: no truncation
     dtype: str = "auto"  # the model's torch dtype (bfloat16, float32, ...); "auto": the checkpoint's
+    # Run the reward model's own code from the hub: as model.trust_remote_code in a run, false outside one.
+    trust_remote_code: bool = II("oc.select:model.trust_remote_code,false")

@@ -21,10 +21,16 @@ class RewardModel:
         if config.batch_size < 1:
             raise ValueError(f"reward.reward_model.batch_size must be >= 1, got {config.batch_size}.")
         self.device = torch.device(_auto_device() if config.device == "auto" else config.device)
-        self.tokenizer = AutoTokenizer.from_pretrained(config.path, truncation_side="left")
+        # A config built in Python keeps its default unresolved (a string): it trusts nothing.
+        trust_remote_code = config.trust_remote_code is True
+        self.tokenizer = AutoTokenizer.from_pretrained(
+            config.path, truncation_side="left", trust_remote_code=trust_remote_code
+        )
         if self.tokenizer.pad_token is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
-        self.model = AutoModelForSequenceClassification.from_pretrained(config.path, dtype=config.dtype)
+        self.model = AutoModelForSequenceClassification.from_pretrained(
+            config.path, dtype=config.dtype, trust_remote_code=trust_remote_code
+        )
         self.model.config.pad_token_id = self.tokenizer.pad_token_id  # how it finds each text's last token
         self.model.to(self.device).eval()
         self.batch_size, self.max_length = config.batch_size, config.max_length

@@ -14,7 +14,7 @@ class TransformersGenerationConfig(GenerationConfig):
     # generate: transformers' `model.generate`, with all its options.
     loop: str = "lean"
     cache_implementation: str | None = None  # loop=generate only: e.g. "static"; None: the dynamic KV cache
-    generation_kwargs: Any = None  # a dict of any other GenerationConfig fields, applied last
+    generation_kwargs: Any = None  # a dict of GenerationConfig fields, applied last: it overrides the ones above too
     merge_lora: bool = False  # generate from a copy with the LoRA adapters merged into the weights
     # DeepSpeed ZeRO-3 only: gather the whole model for generation (fast); false gathers layer by layer, for a model
     # too big for one device's memory (slow). TRL's option of the same name.

@@ -22,7 +22,7 @@ import torch
 import transformers
 from accelerate.utils import DistributedType
 
-from grpo_kit import Completions
+from grpo_kit import Completions, eos_mask, eos_token_ids, is_truncated
 from grpo_kit.lora import has_adapters, merged_copy, refresh_merged_copy
 from grpo_kit_transformers.configs import TransformersGenerationConfig
 from grpo_kit_transformers.sampling import sample, why_not_lean
@@ -31,6 +31,8 @@ log = logging.getLogger(__name__)
 
 
 class TransformersGeneration:
+    samples_from_policy = True  # the trained model generates: its log-probs are the trainer's up to rounding
+
     def __init__(self, config: TransformersGenerationConfig):
         self.config = config
 
@@ -50,7 +52,8 @@ class TransformersGeneration:
             self.merged = merged_copy(unwrapped)
         # Where weights are sharded, a forward pass may gather them: a collective every process must join.
         self.synced_gpus = is_sharded(accelerator) and accelerator.num_processes > 1
-        self.generation_config = transformers.GenerationConfig(
+        self.eos_token_ids = eos_token_ids(accelerator.unwrap_model(model), tokenizer)
+        settings = dict(
             max_new_tokens=self.config.max_completion_length,
             do_sample=True,
             temperature=self.config.temperature,
@@ -60,12 +63,14 @@ class TransformersGeneration:
             repetition_penalty=self.config.repetition_penalty,
             cache_implementation=self.config.cache_implementation,
             pad_token_id=tokenizer.pad_token_id,
-            eos_token_id=tokenizer.eos_token_id,
+            eos_token_id=self.eos_token_ids,
             bos_token_id=tokenizer.bos_token_id,
             disable_compile=True,  # compiling pays off only for long runs on a GPU
             return_dict_in_generate=True,
-            **(self.config.generation_kwargs or {}),
         )
+        # Last, as TRL applies them: a key set above is overridden, not refused.
+        settings.update(self.config.generation_kwargs or {})
+        self.generation_config = transformers.GenerationConfig(**settings)
         # The logits after temperature, top-k and top-p are the sampling distribution: kept for a rollout correction.
         self.generation_config_with_scores = copy.deepcopy(self.generation_config)
         self.generation_config_with_scores.output_scores = True
@@ -89,15 +94,12 @@ class TransformersGeneration:
         else:
             completion_ids, sampling_logps = self._generate(model, prompts, with_logprobs)
 
-        is_eos = completion_ids == self.tokenizer.eos_token_id
-        has_eos = is_eos.any(dim=1)
-        first_eos = torch.where(has_eos, is_eos.int().argmax(dim=1), completion_ids.shape[1])  # (N,)
-        positions = torch.arange(completion_ids.shape[1], device=completion_ids.device)
-        completion_mask = (positions.unsqueeze(0) <= first_eos.unsqueeze(1)).int()  # (N, T), EOS included
+        completion_mask = eos_mask(completion_ids, self.eos_token_ids)  # (N, T), EOS included
         completion_ids = completion_ids.masked_fill(completion_mask == 0, self.tokenizer.pad_token_id)
         if sampling_logps is not None:
             sampling_logps = sampling_logps.masked_fill(completion_mask == 0, 0.0)
-        return Completions(completion_ids, completion_mask, ~has_eos, sampling_per_token_logps=sampling_logps)
+        truncated = is_truncated(completion_ids, completion_mask, self.eos_token_ids, self.tokenizer.pad_token_id)
+        return Completions(completion_ids, completion_mask, truncated, sampling_per_token_logps=sampling_logps)
 
     def _generate(self, model, prompts, with_logprobs):
         """`model.generate`'s completions (N, T), and when asked their tokens' log-probs under the processed

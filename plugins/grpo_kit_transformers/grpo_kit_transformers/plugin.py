@@ -7,4 +7,7 @@ from grpo_kit_transformers.configs import TransformersGenerationConfig
 
 @grpo_kit.hookimpl
 def register_generations(register):
-    register("transformers", "grpo_kit_transformers.generation:TransformersGeneration", TransformersGenerationConfig)
+    register(
+        "transformers", "grpo_kit_transformers.generation:TransformersGeneration", TransformersGenerationConfig,
+        samples_from_policy=True,
+    )

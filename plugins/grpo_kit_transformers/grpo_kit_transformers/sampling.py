@@ -21,7 +21,7 @@ import contextlib
 import torch
 from transformers import AttentionInterface, GenerationConfig, LogitsProcessorList
 from transformers.cache_utils import Cache, DynamicLayer
-from transformers.generation import logits_process
+from transformers.generation import GenerationMode, logits_process
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
@@ -131,6 +131,9 @@ def why_not_lean(model, generation_config: GenerationConfig) -> str | None:
     if model.config.is_encoder_decoder or set(layer_types) != {"full_attention"}:
         return "the model is not a decoder with full attention in every layer"
     generation_config = prepared(model, generation_config, model.device)
+    mode = generation_config.get_generation_mode()
+    if mode != GenerationMode.SAMPLE:  # the loop draws one token per row at a time: plain multinomial sampling
+        return f"the generation config asks for {mode.value.replace('_', ' ')}, and the lean loop only samples"
     used = [name for name in NOT_ROW_WISE if getattr(generation_config, name, None) is not None]
     if used:
         return f"the generation config sets {', '.join(used)}"

@@ -1,5 +1,6 @@
 """Generation on a tiny random model: completions are cut after the first EOS and flagged when truncated."""
 
+import pytest
 import torch
 from accelerate import Accelerator
 from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -23,11 +24,11 @@ def test_masks_stop_at_the_first_eos(tiny_model):
     assert out.completion_ids.shape[0] == 32 and out.completion_ids.shape[1] <= 6
     for ids, mask, truncated in zip(out.completion_ids, out.completion_mask, out.is_truncated):
         eos = (ids == tokenizer.eos_token_id).nonzero()
-        if truncated:
-            assert len(eos) == 0 and mask.all()
+        if len(eos) == 0:  # cut off, unless its last token happens to be the pad token (as TRL counts)
+            assert mask.all() and bool(truncated) == (ids[-1] != tokenizer.pad_token_id)
         else:
             end = eos[0].item()
-            assert mask[: end + 1].all() and not mask[end + 1 :].any()
+            assert mask[: end + 1].all() and not mask[end + 1 :].any() and not truncated
             assert (ids[end + 1 :] == tokenizer.pad_token_id).all()
     assert out.is_truncated.any() and not out.is_truncated.all()  # a hot random model does both
 
@@ -37,3 +38,17 @@ def test_greedy_sampling_settings_reach_generate(tiny_model):
     prompt_ids = [tokenizer("1+2=").input_ids] * 4
     out = generation.generate(prompt_ids)
     assert (out.completion_ids == out.completion_ids[0]).all()  # top_k=1 is greedy
+
+
+@pytest.mark.parametrize("loop", ["lean", "generate"])
+def test_generation_kwargs_override_the_settings_the_backend_sets(tiny_model, loop):
+    # As TRL applies them: last, over its own max_new_tokens, top_k, ... (a repeated keyword was a TypeError).
+    no_eos = [AutoTokenizer.from_pretrained(tiny_model).eos_token_id]  # every completion runs to the limit
+    generation, tokenizer = start(
+        tiny_model, loop=loop, max_completion_length=6, temperature=3.0,
+        generation_kwargs={"max_new_tokens": 2, "top_k": 1, "suppress_tokens": no_eos},
+    )
+    assert generation.generation_config.max_new_tokens == 2 and generation.generation_config.top_k == 1
+    out = generation.generate([tokenizer("1+2=").input_ids] * 8)
+    assert out.completion_ids.shape == (8, 2)  # max_new_tokens=2, not 6
+    assert (out.completion_ids == out.completion_ids[0]).all()  # top_k=1: greedy, however hot

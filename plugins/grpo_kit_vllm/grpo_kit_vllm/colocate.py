@@ -16,7 +16,7 @@ import socket
 
 import torch
 
-from grpo_kit import Completions
+from grpo_kit import Completions, eos_token_ids
 from grpo_kit.errors import ConfigError
 from grpo_kit_vllm.completions import Sample, sampling_fields, to_completions
 from grpo_kit_vllm.config import VLLMColocateConfig
@@ -50,6 +50,7 @@ class VLLMColocateGeneration:
                 "processes: each group of that many processes shares one vLLM engine."
             )
         self.model, self.tokenizer, self.accelerator = model, tokenizer, accelerator
+        self.eos_token_ids = eos_token_ids(accelerator.unwrap_model(model), tokenizer)
         self.tp_group = tensor_parallel_group(accelerator, size)
         # external_launcher reads the torch.distributed rendezvous from the environment, as torchrun sets it.
         os.environ.setdefault("RANK", str(accelerator.process_index))
@@ -78,7 +79,7 @@ class VLLMColocateGeneration:
         if self.tp_group is not None:  # the group's engine generates for all its processes' prompts
             every = [None] * self.config.tensor_parallel_size
             torch.distributed.all_gather_object(every, prompt_ids, group=self.tp_group)
-        fields = sampling_fields(self.config, with_logprobs) | (self.config.generation_kwargs or {})
+        fields = sampling_fields(self.config, self.eos_token_ids, with_logprobs) | (self.config.generation_kwargs or {})
         if self.config.sleep_level == 2 and "weights" in self.asleep:  # dropped since the last update_weights
             self._wake("weights")
             self._load(self.model)
@@ -95,7 +96,9 @@ class VLLMColocateGeneration:
         if self.tp_group is not None:
             start = sum(len(prompts) for prompts in every[: torch.distributed.get_rank(self.tp_group)])
             samples = samples[start : start + len(prompt_ids)]
-        return to_completions(samples, self.tokenizer.pad_token_id, with_logprobs, self.accelerator.device)
+        return to_completions(
+            samples, self.eos_token_ids, self.tokenizer.pad_token_id, with_logprobs, self.accelerator.device
+        )
 
     def update_weights(self, model, step: int) -> None:
         self._wake("weights")
@@ -121,11 +124,11 @@ class VLLMColocateGeneration:
 
 
 def sample_of(output) -> Sample:
-    """A vllm.CompletionOutput as a Sample: its tokens (EOS kept), whether it hit max_tokens, its log-probs."""
+    """A vllm.CompletionOutput as a Sample: its tokens (EOS kept) and their log-probs."""
     logprobs = None
     if output.logprobs is not None:
         logprobs = [position[token].logprob for token, position in zip(output.token_ids, output.logprobs)]
-    return Sample(list(output.token_ids), output.finish_reason == "length", logprobs)
+    return Sample(list(output.token_ids), logprobs)
 
 
 def free_port() -> int:

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import torch
 
-from grpo_kit import Completions, GenerationConfig
+from grpo_kit import Completions, GenerationConfig, is_truncated
 
 
 def prompt_runs(prompt_ids: list[list[int]]) -> list[tuple[list[int], int]]:
@@ -31,11 +31,13 @@ def runs_by_count(runs: list[tuple[list[int], int]]) -> dict[int, list[int]]:
     return by_count
 
 
-def sampling_fields(config: GenerationConfig, with_logprobs: bool) -> dict:
+def sampling_fields(config: GenerationConfig, eos_token_ids: list[int], with_logprobs: bool) -> dict:
     """GenerationConfig's settings as /v1/completions (and vllm.SamplingParams) name them.
 
     Every one is sent, the off values too: vLLM fills an unset field from the model's generation_config.json (a
-    top_k of 20, say), which would sample from another distribution than the one the trainer scores.
+    top_k of 20, say), which would sample from another distribution than the one the trainer scores. Every EOS id
+    of the trainer's model goes as a stop token (kept in the completion, as vLLM keeps its EOS): vLLM adds those of
+    the checkpoint's generation config itself, unless it was started with another one.
     """
     fields = {
         "max_tokens": config.max_completion_length,
@@ -44,6 +46,7 @@ def sampling_fields(config: GenerationConfig, with_logprobs: bool) -> dict:
         "top_k": config.top_k or 0,  # 0: off
         "min_p": config.min_p or 0.0,  # 0: off
         "repetition_penalty": config.repetition_penalty,
+        "stop_token_ids": eos_token_ids,
     }
     if with_logprobs:
         fields["logprobs"] = 0  # the sampled token's log-prob only
@@ -54,8 +57,7 @@ def sampling_fields(config: GenerationConfig, with_logprobs: bool) -> dict:
 class Sample:
     """One completion as a server returns it."""
 
-    token_ids: list[int]
-    truncated: bool  # it ran into max_tokens (finish reason "length") instead of ending with EOS
+    token_ids: list[int]  # up to and including the EOS or stop token that ended it
     logprobs: list[float] | None  # the sampler's log-prob of each token (vLLM's processed_logprobs)
 
     @classmethod
@@ -63,13 +65,19 @@ class Sample:
         logprobs = choice.get("logprobs")
         return cls(
             token_ids=list(choice["token_ids"]),
-            truncated=choice["finish_reason"] == "length",
             logprobs=None if logprobs is None else [float(value) for value in logprobs["token_logprobs"]],
         )
 
 
-def to_completions(samples: list[Sample], pad_token_id: int, with_logprobs: bool, device) -> Completions:
-    """Right-padded tensors; a server stops at EOS and keeps it, so every returned token is active."""
+def to_completions(
+    samples: list[Sample], eos_token_ids: list[int], pad_token_id: int, with_logprobs: bool, device
+) -> Completions:
+    """Right-padded tensors; a server stops at EOS and keeps it, so every returned token is active.
+
+    Truncated is decided from the tokens, as for every backend (grpo_kit.is_truncated), not from vLLM's finish
+    reason: a completion cut at max_tokens whose last token is the pad token counts as finished, and one ended by
+    a stop string or a stop token other than EOS (in `generation_kwargs`) as cut off, as in TRL.
+    """
     length = max([len(sample.token_ids) for sample in samples] + [1])
     ids = torch.full((len(samples), length), pad_token_id, dtype=torch.long)
     mask = torch.zeros((len(samples), length), dtype=torch.int)
@@ -84,7 +92,7 @@ def to_completions(samples: list[Sample], pad_token_id: int, with_logprobs: bool
                     "The server returned no log-prob for some sampled tokens; a rollout correction needs them."
                 )
             logps[row, :size] = torch.tensor(sample.logprobs)
-    truncated = torch.tensor([sample.truncated for sample in samples], dtype=torch.bool)
+    truncated = is_truncated(ids, mask, eos_token_ids, pad_token_id)
     return Completions(
         ids.to(device), mask.to(device), truncated.to(device), None if logps is None else logps.to(device)
     )

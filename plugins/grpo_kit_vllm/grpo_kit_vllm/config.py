@@ -28,9 +28,10 @@ class VLLMServerConfig(GenerationConfig):
     weight_sync_port: int | None = None  # gloo only: the port; null: a free one
     launch_args: list[str] = field(default_factory=list)  # extra `vllm serve` arguments with launch=vllm
     launch_env: dict | None = None  # environment of a started server, e.g. {CUDA_VISIBLE_DEVICES: "1"}
-    generation_kwargs: dict | None = None  # other /v1/completions fields (e.g. {seed: 0}), sent with every request
+    generation_kwargs: dict | None = None  # other /v1/completions fields (e.g. {seed: 0}), applied last
 
     def __post_init__(self):
+        check_no_n(self.generation_kwargs)
         if self.launch not in LAUNCHES:
             raise ConfigError(f"generation.launch={self.launch!r}: choose one of {', '.join(LAUNCHES)}.")
         if self.weight_transport not in TRANSPORTS:
@@ -58,9 +59,10 @@ class VLLMColocateConfig(GenerationConfig):
     dtype: str = "auto"  # vLLM's dtype; auto: the checkpoint's
     enforce_eager: bool = False  # true: no CUDA graphs (less memory, slower decoding)
     seed: int = 0  # the engine's sampling seed (each process adds its index)
-    generation_kwargs: dict | None = None  # other vllm.SamplingParams fields
+    generation_kwargs: dict | None = None  # other vllm.SamplingParams fields, applied last
 
     def __post_init__(self):
+        check_no_n(self.generation_kwargs)
         if not 0 < self.gpu_memory_utilization <= 1:
             raise ConfigError(
                 f"generation.gpu_memory_utilization={self.gpu_memory_utilization} must lie in (0, 1]: the share of "
@@ -70,3 +72,13 @@ class VLLMColocateConfig(GenerationConfig):
             raise ConfigError(f"generation.sleep_level={self.sleep_level}: 0 (off), 1 or 2, as vLLM's sleep mode.")
         if self.tensor_parallel_size < 1:
             raise ConfigError(f"generation.tensor_parallel_size={self.tensor_parallel_size} must be 1 or more.")
+
+
+def check_no_n(generation_kwargs: dict | None) -> None:
+    """generation_kwargs override every sampling field but `n`, which the backend sets to match the prompts."""
+    if generation_kwargs and "n" in generation_kwargs:
+        raise ConfigError(
+            f"generation.generation_kwargs sets n={generation_kwargs['n']}, but the backend asks for one completion "
+            "per prompt it is handed, and prompts arrive repeated num_generations times: set "
+            "generation.num_generations instead."
+        )

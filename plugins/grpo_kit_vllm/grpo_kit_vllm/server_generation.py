@@ -23,7 +23,7 @@ from urllib.parse import urlencode
 import torch
 from accelerate.utils import gather_object
 
-from grpo_kit import Completions
+from grpo_kit import Completions, eos_token_ids
 from grpo_kit.errors import ConfigError, GenerationUnavailable
 from grpo_kit_vllm.client import ServerClient, ServerError
 from grpo_kit_vllm.completions import Sample, prompt_runs, runs_by_count, sampling_fields, to_completions
@@ -60,6 +60,7 @@ class VLLMServerGeneration:
     def start(self, model, tokenizer, accelerator):
         self.model, self.tokenizer, self.accelerator = model, tokenizer, accelerator
         unwrapped = accelerator.unwrap_model(model)
+        self.eos_token_ids = eos_token_ids(unwrapped, tokenizer)
         if has_adapters(unwrapped) and is_sharded(accelerator):
             raise ConfigError(
                 "generation=vllm_server sends a LoRA policy's merged weights, which it cannot yet gather under FSDP or "
@@ -163,14 +164,14 @@ class VLLMServerGeneration:
 
     @torch.no_grad()
     def generate(self, prompt_ids: list[list[int]], with_logprobs: bool = False) -> Completions:
-        fields = sampling_fields(self.config, with_logprobs) | (self.config.generation_kwargs or {})
+        fields = sampling_fields(self.config, self.eos_token_ids, with_logprobs) | (self.config.generation_kwargs or {})
         accelerator = self.accelerator
         if accelerator.num_processes == 1:
             samples = self._complete(prompt_ids, fields)
         else:
             every = gather_object([prompt_ids])  # one list per process, in process order
             samples = scatter_from_main(accelerator, lambda: split(self._complete(sum(every, []), fields), every))
-        return to_completions(samples, self.tokenizer.pad_token_id, with_logprobs, accelerator.device)
+        return to_completions(samples, self.eos_token_ids, self.tokenizer.pad_token_id, with_logprobs, accelerator.device)
 
     def _complete(self, prompt_ids: list[list[int]], fields: dict) -> list[Sample]:
         """Every prompt's completion, asking for each run of identical prompts once with n = the run's length."""

@@ -11,6 +11,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+import grpo_kit
 from grpo_kit.errors import ConfigError, GenerationUnavailable
 from grpo_kit_vllm.client import ServerClient, ServerError
 from grpo_kit_vllm.completions import Sample, prompt_runs, runs_by_count, sampling_fields, to_completions
@@ -31,10 +32,11 @@ def test_each_run_of_identical_prompts_is_asked_for_once():
 def test_sampling_settings_use_vllm_names_and_send_the_off_values_too():
     # An unset field would take the model's generation_config.json value on a vLLM server.
     config = VLLMServerConfig(max_completion_length=7, temperature=0.7, top_p=0.9)
-    assert sampling_fields(config, with_logprobs=False) == {
-        "max_tokens": 7, "temperature": 0.7, "top_p": 0.9, "top_k": 0, "min_p": 0.0, "repetition_penalty": 1.0
+    assert sampling_fields(config, [1, 7], with_logprobs=False) == {
+        "max_tokens": 7, "temperature": 0.7, "top_p": 0.9, "top_k": 0, "min_p": 0.0, "repetition_penalty": 1.0,
+        "stop_token_ids": [1, 7],  # every EOS of the trainer's model stops, whatever generation config vLLM read
     }
-    fields = sampling_fields(VLLMServerConfig(top_k=5, min_p=0.1), with_logprobs=True)
+    fields = sampling_fields(VLLMServerConfig(top_k=5, min_p=0.1), [1], with_logprobs=True)
     assert fields["top_k"] == 5 and fields["min_p"] == 0.1 and fields["logprobs"] == 0
 
 
@@ -43,7 +45,7 @@ def test_choices_become_right_padded_completions_with_eos_kept_active():
         {"index": 0, "token_ids": [5, 6, 1], "finish_reason": "stop", "logprobs": {"token_logprobs": [-1, -2, -3]}},
         {"index": 1, "token_ids": [7, 8, 9, 9], "finish_reason": "length", "logprobs": {"token_logprobs": [-1] * 4}},
     ]
-    out = to_completions([Sample.from_choice(c) for c in choices], pad_token_id=0, with_logprobs=True, device="cpu")
+    out = to_completions([Sample.from_choice(c) for c in choices], [1], pad_token_id=0, with_logprobs=True, device="cpu")
     assert out.completion_ids.tolist() == [[5, 6, 1, 0], [7, 8, 9, 9]]
     assert out.completion_mask.tolist() == [[1, 1, 1, 0], [1, 1, 1, 1]]
     assert out.is_truncated.tolist() == [False, True]
@@ -51,9 +53,21 @@ def test_choices_become_right_padded_completions_with_eos_kept_active():
 
 
 def test_missing_log_probs_are_an_error_when_a_correction_needs_them():
-    sample = Sample([1, 2], truncated=False, logprobs=None)
+    sample = Sample([1, 2], logprobs=None)
     with pytest.raises(ValueError, match="log-prob"):
-        to_completions([sample], pad_token_id=0, with_logprobs=True, device="cpu")
+        to_completions([sample], [1], pad_token_id=0, with_logprobs=True, device="cpu")
+
+
+def test_truncation_is_read_from_the_last_token_as_trl_does_not_from_the_finish_reason():
+    choices = [
+        {"index": 0, "token_ids": [5, 7], "finish_reason": "stop"},  # the generation config's other EOS
+        {"index": 1, "token_ids": [5, 0], "finish_reason": "length"},  # cut at max_tokens on a sampled pad token
+        {"index": 2, "token_ids": [5, 6], "finish_reason": "stop"},  # a stop string from generation_kwargs
+        {"index": 3, "token_ids": [5, 6], "finish_reason": "length"},
+    ]
+    out = to_completions([Sample.from_choice(c) for c in choices], [1, 7], pad_token_id=0, with_logprobs=False,
+                         device="cpu")
+    assert out.is_truncated.tolist() == [False, False, True, True]
 
 
 def test_chunks_close_after_the_tensor_that_passes_the_buffer_as_vllm_cuts_them():
@@ -80,6 +94,7 @@ def test_update_info_round_trips():
         ({"base_url": "localhost:8000"}, "http://HOST:PORT"),
         ({"connect_timeout": 0}, "positive number of seconds"),
         ({"retries": -1}, "0 (no retry)"),
+        ({"generation_kwargs": {"n": 4}}, "set generation.num_generations instead"),
     ],
 )
 def test_server_options_are_checked_when_built(options, words):
@@ -92,6 +107,8 @@ def test_colocate_options_are_checked_when_built():
         VLLMColocateConfig(gpu_memory_utilization=1.5)
     with pytest.raises(ConfigError, match="sleep_level"):
         VLLMColocateConfig(sleep_level=3)
+    with pytest.raises(ConfigError, match="set generation.num_generations instead"):
+        VLLMColocateConfig(generation_kwargs={"n": 4})
 
 
 def test_the_advice_is_a_vllm_serve_command_a_shell_accepts():
@@ -252,6 +269,7 @@ def test_colocate_sleeps_after_generating_and_has_its_weights_back_before_the_ne
     backend = VLLMColocateGeneration(VLLMColocateConfig(sleep_level=level))
     backend.model, backend.tokenizer = AutoModelForCausalLM.from_pretrained(directory), AutoTokenizer.from_pretrained(directory)
     backend.accelerator, backend.tp_group, backend.asleep = Accelerator(cpu=True), None, set()
+    backend.eos_token_ids = grpo_kit.eos_token_ids(backend.model, backend.tokenizer)
     backend.llm, backend.vllm = RecordingEngine(), SimpleNamespace(SamplingParams=dict)
 
     backend.update_weights(backend.model, step=0)
@@ -276,6 +294,6 @@ def test_a_vllm_completion_becomes_a_sample_with_its_log_probs():
     logprob = lambda value: SimpleNamespace(logprob=value)  # noqa: E731 - vLLM's Logprob holds more
     output = SimpleNamespace(token_ids=[7, 1], finish_reason="stop", logprobs=[{7: logprob(-0.5), 2: logprob(-1.0)},
                                                                               {1: logprob(-0.25)}])
-    assert sample_of(output) == Sample([7, 1], truncated=False, logprobs=[-0.5, -0.25])
+    assert sample_of(output) == Sample([7, 1], logprobs=[-0.5, -0.25])
     cut = SimpleNamespace(token_ids=[7, 7], finish_reason="length", logprobs=None)
-    assert sample_of(cut) == Sample([7, 7], truncated=True, logprobs=None)
+    assert sample_of(cut) == Sample([7, 7], logprobs=None)
