@@ -25,6 +25,19 @@ def is_sharded(accelerator: Accelerator) -> bool:
     return accelerator.distributed_type in (DistributedType.FSDP, DistributedType.DEEPSPEED)
 
 
+def check_moving_reference(accelerator: Accelerator, cfg) -> None:
+    """Under FSDP2, a reference model whose log-probs come from its hidden states (model.logits=chunked or liger)
+    keeps its root's weights gathered after the pass, so algorithm.sync_ref_model could not mix the policy's shards
+    into it: refused before the model is loaded."""
+    if accelerator.is_fsdp2 and cfg.algorithm.sync_ref_model and cfg.model.logits != "full":
+        raise ConfigError(
+            f"algorithm.sync_ref_model=true under FSDP2 needs model.logits=full (got model.logits={cfg.model.logits}, "
+            "which model=hf sets as TRL's chunked LM head): the reference's chunked pass leaves its root weights "
+            "gathered, and they cannot be mixed with the policy's shards. Set model.logits=full, or "
+            "algorithm.sync_ref_model=false."
+        )
+
+
 def zero_stage(accelerator: Accelerator) -> int | None:
     if accelerator.distributed_type != DistributedType.DEEPSPEED:
         return None

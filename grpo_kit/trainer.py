@@ -66,6 +66,7 @@ from grpo_kit.scoring import Scorer, at_step, reward_trainer_state
 from grpo_kit.sharding import (
     ACCELERATE_STATE,
     build_reference,
+    check_moving_reference,
     configure_deepspeed,
     is_sharded,
     load_whole_weights,
@@ -128,6 +129,7 @@ def setup(cfg: DictConfig, run_dir: Path, registry: Registry) -> "TrainState":
     accelerator = build_accelerator(t, run_dir, trackers)
     generation_batch_size = t.per_device_train_batch_size * steps_per_generation  # completions, this process
     check_processes(cfg, generation_batch_size, accelerator.num_processes)
+    check_moving_reference(accelerator, cfg)
     prompts_per_generation = generation_batch_size // num_generations  # this process's whole groups
     replay = RolloutReplay(cfg.rollouts.replay, num_generations, generation_batch_size) if cfg.rollouts.replay else None
     check_model_path(cfg.model.name_or_path)

@@ -77,6 +77,7 @@ SETTINGS = [
     "algorithm.beta=0.04", "algorithm.sync_ref_model=true", "algorithm.ref_model_sync_steps=1",
     "algorithm.ref_model_mixup_alpha=0.5", "trainer.gradient_accumulation_steps=2",
     "trainer.per_device_train_batch_size=2", "trainer.max_grad_norm=0.05", SAME_SAMPLER,
+    "model.logits=full",  # model=hf's chunked head cannot move a reference under FSDP2 (sharding.py)
 ]
 LORA = ["model.lora.enabled=true", "model.lora.r=4", "algorithm.beta=0.04", SAME_SAMPLER]
 
@@ -117,7 +118,8 @@ def harness(tmp_path_factory, tiny_model):
     split.pop("mixed_precision")  # a DeepSpeed config file holds the precision itself
     (folder / "zero3_split.yaml").write_text(yaml.safe_dump(split))
 
-    def launch(config: str, run_dir: Path, *overrides: str) -> Path:
+    def launch(config: str, run_dir: Path, *overrides: str, fails: bool = False) -> Path | str:
+        """The run directory; with `fails`, what the failed run printed."""
         config_file = folder / "zero3_split.yaml" if config == "zero3_split" else CONFIGS / f"{config}.yaml"
         paths = [str(folder), *filter(None, [os.environ.get("PYTHONPATH")])]
         env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(paths)}
@@ -134,6 +136,9 @@ def harness(tmp_path_factory, tiny_model):
             f"hydra.run.dir={run_dir}", *overrides,
         ]
         done = subprocess.run(command, env=env, cwd=REPO, capture_output=True, text=True, timeout=600)
+        if fails:
+            assert done.returncode != 0
+            return done.stdout + done.stderr
         assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
         return run_dir
 
@@ -154,6 +159,12 @@ def assert_same_weights(ours: dict, theirs: dict, atol: float) -> None:
 def ddp_run(harness, tmp_path_factory):
     return harness("ddp", tmp_path_factory.mktemp("runs") / "ddp", *SETTINGS, "trainer.max_steps=4",
                    "trainer.save_steps=2", "trainer.save_total_limit=5")
+
+
+@pytest.mark.slow
+def test_fsdp2_refuses_to_move_a_reference_of_the_chunked_head_before_loading_the_model(harness, tmp_path):
+    printed = harness("fsdp2", tmp_path / "run", *SETTINGS, "model.logits=chunked", fails=True)
+    assert "algorithm.sync_ref_model=true under FSDP2 needs model.logits=full" in printed
 
 
 # FSDP2 was bit for bit DDP's on this machine; DeepSpeed sums gradients in another order (differences ~7e-7).
