@@ -5,6 +5,7 @@ import os
 import textwrap
 
 import pytest
+from accelerate.state import AcceleratorState, GradientState
 
 from grpo_kit.plugins import Registry, plugin_manager
 from grpo_kit.testing import build_tiny_model
@@ -92,3 +93,13 @@ def digits_registry(local_plugin):
             register("digits", digits)
     """)
     return Registry(plugin_manager(local_modules=[module]))
+
+
+@pytest.fixture
+def fresh_accelerate_state():
+    """Accelerate keeps its state in process-wide singletons: each test gets its own, as a run would."""
+    AcceleratorState._reset_state(True)
+    GradientState._reset_state()
+    yield
+    AcceleratorState._reset_state(True)
+    GradientState._reset_state()

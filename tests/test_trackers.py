@@ -7,7 +7,6 @@ import os
 
 import pytest
 from accelerate import Accelerator
-from accelerate.state import AcceleratorState, GradientState
 from omegaconf import OmegaConf
 
 import grpo_kit
@@ -25,16 +24,6 @@ LOGGED = [  # what the trainer's on_log hands the loggers, a NaN included
     {"step": 1, "reward": 0.25, "loss": 0.5, "kl": math.nan},
     {"step": 2, "reward": 0.75, "loss": 0.125, "kl": 0.01},
 ]
-
-
-@pytest.fixture
-def fresh_accelerate_state():
-    """Accelerate keeps its state in process-wide singletons: each test gets its own, as a run would."""
-    AcceleratorState._reset_state(True)
-    GradientState._reset_state()
-    yield
-    AcceleratorState._reset_state(True)
-    GradientState._reset_state()
 
 
 def test_tensorboard_receives_the_logged_metrics(tmp_path, fresh_accelerate_state):

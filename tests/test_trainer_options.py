@@ -7,7 +7,6 @@ import json
 import pytest
 import torch
 from accelerate import Accelerator
-from accelerate.state import AcceleratorState, GradientState
 from omegaconf import OmegaConf
 from safetensors.torch import load_file
 from transformers import get_scheduler
@@ -175,15 +174,6 @@ def test_schedule_options_that_would_do_nothing_fail_before_the_model_is_loaded(
 
 
 # -- trackers ------------------------------------------------------------------------------------------------------
-
-
-@pytest.fixture
-def fresh_accelerate_state():
-    AcceleratorState._reset_state(True)
-    GradientState._reset_state()
-    yield
-    AcceleratorState._reset_state(True)
-    GradientState._reset_state()
 
 
 def test_wandb_runs_under_the_project_and_run_name_given(tmp_path, fresh_accelerate_state, monkeypatch):
