@@ -293,7 +293,7 @@ def trl_child(workload: Workload, max_steps: int, workdir: Path, out: Path, prof
         # TRL's defaults that differ from grpo_kit's: bf16 autocast, gradient checkpointing and fused AdamW.
         bf16=False,
         gradient_checkpointing=False,
-        optim="adamw_torch",  # torch.optim.AdamW, as grpo_kit builds it
+        optim="adamw_torch",  # unfused torch.optim.AdamW on both sides
         use_cpu=True,
         seed=seed,
         logging_steps=1,
@@ -476,6 +476,10 @@ def grpo_kit_overrides(workload: Workload, max_steps: int, workdir: Path, run_di
         "trainer.save_model=false",
         "trainer.progress_bar=false",
         "trainer.sample_every=0",  # TRL's log_completions is off too
+        # model=hf's TRL defaults that the TRL side turns off, and the full head the published figures were taken with
+        "model.gradient_checkpointing=false",
+        "trainer.optim=adamw_torch",
+        "model.logits=full",
         f"hydra.run.dir={run_dir}",
     ]
     if workload.generation_kwargs:
