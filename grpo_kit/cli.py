@@ -94,7 +94,7 @@ def main() -> None:
             if in_sweep:
                 (run_dir / "error.txt").write_text(f"{type(error).__name__}: {error}\n")
             return refused(error, in_sweep)
-        note_default_loss(cfg)
+        note_default_loss(cfg, hydra_cfg.overrides.task)
         # torch and transformers load only now that the config is valid: a refused run answers at once.
         from grpo_kit.checkpoint import claim_run_directory
         from grpo_kit.report import final_reward

@@ -267,7 +267,7 @@ def compose(overrides: list[str] | tuple[str, ...] = (), registry: Registry | No
     """The config that `python -m grpo_kit OVERRIDES...` would run with."""
     registry = registry or Registry()
     cfg = complete(hydra_composition(overrides, registry), registry)
-    note_default_loss(cfg)
+    note_default_loss(cfg, overrides)
     return cfg
 
 
@@ -392,9 +392,10 @@ def complete(cfg: DictConfig, registry: Registry) -> DictConfig:
     return cfg
 
 
-def note_default_loss(cfg: DictConfig) -> None:
-    """Say so when the loss is the default one, which the command line did not name."""
-    if cfg.loss.name == DEFAULT_CHOICES["loss"]:
+def note_default_loss(cfg: DictConfig, overrides: list[str] | tuple[str, ...]) -> None:
+    """Say so when the loss is the default one because the command line named none (`+loss=dapo` names it)."""
+    named = any(override.key_or_group == "loss" for override in OverridesParser.create().parse_overrides(list(overrides)))
+    if cfg.loss.name == DEFAULT_CHOICES["loss"] and not named:
         log.info("loss: %s, the default (choose another with +loss=NAME)", cfg.loss.name)
 
 

@@ -50,6 +50,13 @@ def test_defaults_and_default_loss(registry, caplog):
         assert cfg[kind].name == name
 
 
+@pytest.mark.parametrize("named", ["+loss=dapo", "loss=dapo"])
+def test_a_loss_the_command_line_names_is_not_called_the_default(registry, caplog, named):
+    with caplog.at_level("INFO"):
+        grpo_kit.compose([named], registry)
+    assert "the default" not in caplog.text
+
+
 def test_plugin_fields_are_options(registry):
     cfg = grpo_kit.compose(["+loss=grpo", "loss.epsilon=0.3", "advantage=group", "generation.temperature=0.7"], registry)
     assert cfg.loss.epsilon == 0.3 and cfg.generation.temperature == 0.7
