@@ -93,7 +93,8 @@ def train(cfg: DictConfig, run_dir: str | Path, registry: Registry | None = None
             finite, grad_norm = train_step(state, step)
             end_of_step(state, step, finite, grad_norm, started)
             if stop.reason:
-                log.warning("Stopped by %s after step %d: resume with trainer.resume=auto", stop.reason.value, step)
+                log.warning("Stopped by %s after step %d; resume with:\n  %s", stop.reason.value, step,
+                            resume_command(state.run_dir))
                 break
         if state.cfg.trainer.save_model and not stop.reason:
             save_model(state)

@@ -138,6 +138,7 @@ def test_sigterm_finishes_the_step_saves_and_stops(tiny_model, tmp_path, env):
     stdout = child.finish()
     assert child.process.returncode == 0
     assert "Stopped by SIGTERM" in stdout
+    assert f"trainer.resume=auto hydra.run.dir={run_dir.resolve()}" in stdout  # the whole command, folder included
     saved = sorted((run_dir / "checkpoints").glob("step-*"))
     assert len(saved) == 2  # save_total_limit
     lines = (run_dir / "metrics.jsonl").read_text().splitlines()
