@@ -79,6 +79,24 @@ def plain_loss_registry(local_plugin):
     return Registry(plugin_manager(local_modules=[module]))
 
 
+@pytest.fixture(params=["built-ins", "with a third-party loss"])
+def installed(request, registry, local_plugin, tmp_path, monkeypatch):
+    """The installed plugins as they are, then with a third-party loss whose name sorts before every built-in one:
+    a test must pass whatever else a user has installed. Subprocesses load it too (GRPO_KIT_PLUGINS)."""
+    if request.param == "built-ins":
+        return registry
+    module = local_plugin("aardvark_loss", """
+        import grpo_kit
+
+        @grpo_kit.hookimpl
+        def register_losses(register):
+            register("aardvark", "aardvark_loss:Never")  # an import path: never imported unless a run selects it
+    """)
+    monkeypatch.setenv("GRPO_KIT_PLUGINS", module)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]))
+    return Registry(plugin_manager())
+
+
 @pytest.fixture
 def digits_registry(local_plugin):
     """The installed plugins and `digits`, a reward an untrained model can earn: the share of digits it writes."""

@@ -5,8 +5,8 @@ that calls its parts."""
 import torch
 from omegaconf import DictConfig
 
-from grpo_kit.config import options
-from grpo_kit.errors import ConfigError, PluginError
+from grpo_kit.config import check_rewards_chosen, options
+from grpo_kit.errors import ConfigError
 from grpo_kit.plugins import Registry
 from grpo_kit.tool_use import ToolUse, check_tool, environment_tools, tool_functions
 
@@ -29,8 +29,7 @@ def build_rewards(cfg: DictConfig, registry: Registry) -> tuple[dict, torch.Tens
     The key is the plugin's name (`+reward=accuracy`) unless the command line placed the plugin under another one
     (`+reward@reward.brevity=python`); the node's `name` says which plugin it is.
     """
-    if not cfg.reward:
-        raise PluginError(f"No reward selected: add +reward=NAME (installed: {', '.join(registry.names('reward'))}).")
+    check_rewards_chosen(cfg, registry)
     functions = {key: registry.build("reward", node.name, options(node)) for key, node in cfg.reward.items()}
     weights = torch.tensor([float(node.weight) for node in cfg.reward.values()])
     return functions, weights

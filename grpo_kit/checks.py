@@ -5,7 +5,7 @@ from pathlib import Path
 
 import datasets
 
-from grpo_kit.data import looks_local, prompt_text
+from grpo_kit.data import is_conversational, looks_local, prompt_text
 from grpo_kit.errors import ConfigError, InputFileError
 from grpo_kit.kinds import declared
 
@@ -33,15 +33,22 @@ def check_model_path(name_or_path: str | None) -> None:
         )
 
 
-def check_reward_columns(rewards: dict, dataset: datasets.Dataset) -> None:
-    """Every column a reward requires must be in the dataset (other columns reach rewards as keyword arguments)."""
+def check_reward_columns(rewards: dict, dataset: datasets.Dataset, options: dict | None = None) -> None:
+    """Every column a reward requires must be in the dataset (other columns reach rewards as keyword arguments).
+
+    `options` holds each reward's options by its key: one whose value is a missing column's name is the option that
+    chose that column (reward.accuracy.solution_column), which the message names.
+    """
     available = set(dataset.column_names) - {"prompt"}
     for name, reward in rewards.items():
         missing = sorted(set(required_columns(reward)) - available)
         if missing:
+            settings = [f"reward.{name}.{option}" for option, value in (options or {}).get(name, {}).items()
+                        if value in missing]
+            fix = f"Set {' or '.join(settings)} to the column that holds it, add" if settings else "Add"
             raise ConfigError(
                 f"Reward {name!r} needs the dataset column(s) {', '.join(missing)}, which the dataset lacks (its "
-                f"columns: {', '.join(dataset.column_names)}). Add the column, or choose another reward."
+                f"columns: {', '.join(dataset.column_names)}). {fix} the column, or choose another reward."
             )
 
 
@@ -64,7 +71,9 @@ def required_columns(reward) -> list[str]:
 
 
 def check_prompt_lengths(dataset: datasets.Dataset, tokenizer, max_completion_length: int, context: int | None):
-    """The longest prompt plus a full completion must fit the model's context."""
+    """Chat prompts need a chat template, and the longest prompt plus a full completion must fit the context."""
+    if tokenizer.chat_template is None:
+        check_no_chat_prompts(dataset)
     if context is None:
         return
     longest, index = 0, 0
@@ -80,3 +89,15 @@ def check_prompt_lengths(dataset: datasets.Dataset, tokenizer, max_completion_le
             f"{max_completion_length} that exceeds the model's context of {context} tokens. Shorten or drop the "
             "long prompts, or lower generation.max_completion_length."
         )
+
+
+def check_no_chat_prompts(dataset: datasets.Dataset) -> None:
+    """For a tokenizer without a chat template, which transformers refuses to render chat messages with."""
+    for start in range(0, len(dataset), 1000):
+        for offset, prompt in enumerate(dataset[start : start + 1000]["prompt"]):
+            if is_conversational(prompt):
+                raise ConfigError(
+                    f"Row {start + offset + 1} of the dataset (counting from 1) is a list of chat messages, but the "
+                    "model's tokenizer has no chat template to render them with. Give text prompts, or a model "
+                    "whose tokenizer has a chat template (an instruction-tuned one)."
+                )

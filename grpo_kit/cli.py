@@ -1,9 +1,11 @@
 """`python -m grpo_kit OVERRIDES...`: a Hydra app that composes the run and trains it.
 
-A run first claims its directory (grpo_kit/checkpoint.py): until then nothing is written there, so a refused run
-leaves a directory as it found it. Then the CLI writes what Hydra would (.hydra/config.yaml, hydra.yaml,
+A run first claims its directory (grpo_kit/checkpoint.py): it locks it against other runs, and checks that a
+resumed run's checkpoint is intact and was saved under the same settings. Until then nothing is written there, so
+a refused run leaves a directory as it found it. Then the CLI writes what Hydra would (.hydra/config.yaml, hydra.yaml,
 overrides.yaml), logs into RUN_DIR/cli.log, and trains; a run that fails from then on leaves error.txt with
-its traceback. In a sweep a failed run is recorded and the next one starts clean.
+its traceback. In a sweep a failed run is recorded and the next one starts clean; the sweep exits 1 once they are
+done. The exit code says how a run ended: 0 finished, 1 failed or refused, 128 + N stopped (and saved) by signal N.
 
 `--help` is answered here rather than by Hydra, whose help copies its whole config store once for each config
 group: seconds, with every plugin's config stored.
@@ -24,7 +26,9 @@ from omegaconf import OmegaConf
 from grpo_kit.config import (
     DEFAULT_CHOICES,
     PRIMARY_CONFIG,
+    check_a_reward_may_be_chosen,
     check_choices,
+    check_rewards_chosen,
     complete,
     hydra_composition,
     note_default_loss,
@@ -35,6 +39,7 @@ from grpo_kit.config import (
 from grpo_kit.errors import ConfigError, UserError
 from grpo_kit.kinds import KINDS
 from grpo_kit.plugins import Registry
+from grpo_kit.threads import wait_passively
 
 log = logging.getLogger("grpo_kit")
 LOG_FORMAT = "[%(asctime)s][%(name)s][%(levelname)s] - %(message)s"
@@ -66,6 +71,7 @@ PRESET_CHOICE = {
 
 
 def main() -> None:
+    wait_passively()  # before torch is imported, here or in a sweep's worker processes, which inherit it
     try:
         registry = Registry()
         overrides = [arg for arg in sys.argv[1:] if "=" in arg and not arg.startswith("-")]
@@ -73,6 +79,9 @@ def main() -> None:
         if {"--help", "-h"} & set(sys.argv[1:]):
             print(help_text(overrides, registry))
             return
+        # A run (not --cfg job, whose config needs no reward), and no --config-dir that may hold one.
+        if not {arg for arg in sys.argv[1:] if arg.startswith("-")} - {"-m", "--multirun"}:
+            check_a_reward_may_be_chosen(overrides, registry)
         for_hydra = with_presets(overrides)  # each override in its place (+loss= written loss=), then presets
         sys.argv = [dict(zip(overrides, for_hydra)).get(arg, arg) for arg in sys.argv] + for_hydra[len(overrides) :]
     except UserError as error:
@@ -90,6 +99,7 @@ def main() -> None:
         composed = OmegaConf.to_yaml(cfg)
         try:
             cfg = complete(cfg, registry)
+            check_rewards_chosen(cfg, registry)  # here, not when the rewards are built: before torch loads
         except UserError as error:  # settings that cannot run: a sweep records it in the run's own new folder
             if in_sweep:
                 (run_dir / "error.txt").write_text(f"{type(error).__name__}: {error}\n")
@@ -98,19 +108,22 @@ def main() -> None:
         # torch and transformers load only now that the config is valid: a refused run answers at once.
         from grpo_kit.checkpoint import claim_run_directory
         from grpo_kit.report import final_reward
-        from grpo_kit.trainer import train
+        from grpo_kit.trainer import Stopped, train
 
         try:
-            claim_run_directory(run_dir, cfg.trainer.resume)
-        except UserError as error:  # the folder holds another run, which stays as it is
+            claim_run_directory(run_dir, cfg)
+        except UserError as error:  # another run's folder, or a resume refused: it stays as it is
             return refused(error, in_sweep)
         write_hydra_files(run_dir, composed)
         with run_log(run_dir) as log_file:
             try:
                 train(cfg, run_dir, registry)
+            except Stopped as stopped:  # saved, to be resumed; a sweep stops too, as the signal asked
+                log.warning("%s", stopped)
+                sys.exit(stopped.exit_code)
             except Exception as error:
                 failure = "".join(traceback.format_exception(error))
-                (run_dir / "error.txt").write_text(failure)
+                write_error_file(run_dir, failure)
                 log_file.write(failure)
                 if in_sweep:  # one failed run is recorded and the others go on
                     log.error("This run failed (see %s): %s", run_dir / "error.txt", error)
@@ -123,6 +136,18 @@ def main() -> None:
         return final_reward(run_dir)
 
     run()
+    exit_if_runs_failed()
+
+
+def exit_if_runs_failed() -> None:
+    """After a sweep whose other runs went on and finished: exit 1, naming the runs that failed."""
+    from grpo_kit.report.callback import FAILED_RUNS
+
+    if FAILED_RUNS:
+        sys.exit(
+            f"error: {len(FAILED_RUNS)} run(s) of the sweep failed; each one's error.txt says why:\n  "
+            + "\n  ".join(str(folder / "error.txt") for folder in FAILED_RUNS)
+        )
 
 
 def help_text(overrides: list[str], registry: Registry) -> str:
@@ -162,6 +187,15 @@ def write_hydra_files(run_dir: Path, composed: str) -> None:
     (folder / "config.yaml").write_text(composed)
     OmegaConf.save(OmegaConf.create({"hydra": hydra_cfg}), folder / "hydra.yaml")
     OmegaConf.save(hydra_cfg.overrides.task, folder / "overrides.yaml")
+
+
+def write_error_file(run_dir: Path, failure: str) -> None:
+    """RUN_DIR/error.txt. Where it cannot be written (a full disk, which may be what failed the run), the traceback
+    goes to the console rather than being lost."""
+    try:
+        (run_dir / "error.txt").write_text(failure)
+    except OSError as error:
+        log.error("%s(error.txt could not be written: %s)", failure, error)
 
 
 @contextlib.contextmanager

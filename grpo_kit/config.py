@@ -1,9 +1,9 @@
 """The run's configuration: the core's sections as dataclasses, and every plugin's config in Hydra's ConfigStore.
 
 A plugin's config dataclass is stored under its kind with its name (``loss/dapo``), so ``+loss=dapo`` selects it
-and ``loss.epsilon=0.3`` sets one of its fields; a misspelled field is rejected because Hydra composes in struct
-mode. Rewards and hooks are stored at ``reward.NAME`` so that several can be selected at once
-(``+reward=[a,b]``); each node carries its plugin's name, so one plugin may be placed under other keys too
+and ``loss.epsilon=0.3`` sets one of its fields; a misspelled field is rejected before Hydra composes, with the
+closest ones (`check_option_keys`). Rewards and hooks are stored at ``reward.NAME`` so that several can be selected
+at once (``+reward=[a,b]``); each node carries its plugin's name, so one plugin may be placed under other keys too
 (``+reward@reward.brevity=python``).
 """
 
@@ -11,7 +11,9 @@ import dataclasses
 import difflib
 import importlib.resources
 import logging
+import os
 import re
+import typing
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -174,6 +176,9 @@ class TrainerConfig:
     # Processes for CPU-heavy rewards (math verifiers), started when a batch first needs them; None: one per CPU
     # this process may use, up to 8.
     reward_workers: int | None = None
+    # Threads torch computes with on the CPU; None: OMP_NUM_THREADS if set, else the cores this process may use
+    # divided by the runs a parallel sweep trains at once (docs/training.md, "Threads and busy machines").
+    torch_threads: int | None = None
     sample_every: int = 50  # steps between sample tables (samples.jsonl, samples.html); 0: none
     sample_rows: int = 16  # completions per sample table
 
@@ -253,7 +258,11 @@ def store_configs(registry: Registry) -> None:
             "searchpath": [f"pkg://{PRESETS_MODULE}"],
             "output_subdir": None,
             # Every sweep ends by writing its report into its directory; '~hydra.callbacks.report' turns it off.
-            "callbacks": {"report": {"_target_": "grpo_kit.report.callback.ReportCallback"}},
+            # `failures` finds the runs that failed, for the sweep to exit non-zero (grpo_kit/cli.py).
+            "callbacks": {
+                "report": {"_target_": "grpo_kit.report.callback.ReportCallback"},
+                "failures": {"_target_": "grpo_kit.report.callback.FailedRuns"},
+            },
         }
     store.store(name=PRIMARY_CONFIG, node=primary)
 
@@ -312,20 +321,15 @@ EMBEDDED_TOOL_USE_PRESET = "embedded_tool_use"  # conf/model/ and conf/data/: ch
 
 
 def check_choices(overrides: list[str] | tuple[str, ...], registry: Registry) -> None:
-    """Fail on an unknown top-level key, or on a plugin name that is not installed (with the installed choices),
-    before anything is composed."""
+    """Fail on an unknown key, or on a plugin name that is not installed (with the installed choices), before
+    anything is composed."""
     parsed = OverridesParser.create().parse_overrides(list(overrides))
     check_top_level_keys(parsed)
     for override in parsed:
-        if override.key_or_group not in KINDS or override.is_delete():
-            continue
-        if override.is_sweep_override():
-            chosen = list(override.sweep_string_iterator())
-        else:
-            value = override.value()
-            chosen = value if isinstance(value, list) else [value]
-        for name in chosen:
-            registry.get(override.key_or_group, str(name))
+        if override.key_or_group in KINDS and not override.is_delete():
+            for name in _chosen_names(override):
+                registry.get(override.key_or_group, name)
+    check_option_keys(parsed, registry)
 
 
 def check_top_level_keys(overrides: list[Override]) -> None:
@@ -344,12 +348,121 @@ def check_top_level_keys(overrides: list[Override]) -> None:
             )
 
 
+def check_option_keys(overrides: list[Override], registry: Registry) -> None:
+    """Fail on a misspelt option of a section or a plugin (`trainer.max_step=10`, `+loss.alpah=0.5`), naming the
+    closest ones: Hydra would advise `+` for it, and would take it with `+` as a new key that nothing reads.
+
+    Keys are checked down to the first option that is no dataclass: below it they are free
+    (`data.chat_template_kwargs.enable_thinking`), or Hydra checks them itself.
+    """
+    for override in overrides:
+        key = override.key_or_group
+        first, *rest = key.split(".")
+        if override.is_delete() or override.package or not rest or "/" in key or first not in OPTION_ROOTS:
+            continue
+        prefix = owner = first  # owner: what the message calls the options' owner ("loss dapo")
+        if first in MULTI_CHOICE_KINDS:  # reward.NAME.OPTION
+            places = multi_choice_places(first, overrides, registry)
+            place, *rest = rest
+            if place not in places:
+                _refuse(override, place, first, f"no {first} the run can select is named {place!r}", places)
+            classes, prefix = places[place], f"{first}.{place}"
+            owner = prefix
+        elif first in KINDS:
+            names = plugins_chosen(first, overrides, registry)
+            classes, owner = [_plugin_config(registry, first, name) for name in names], f"{first} {'/'.join(names)}"
+        else:
+            classes = [OPTION_ROOTS[first]]
+        for part in rest:
+            types = _field_types(classes)
+            if part not in types:
+                _refuse(override, part, prefix, f"{part!r} is not an option of {owner}", types)
+            classes = [kind for kind in types[part] if dataclasses.is_dataclass(kind)]
+            if not classes:
+                break
+            prefix = owner = f"{prefix}.{part}"
+
+
+# The first keys whose options are checked: the sections that are dataclasses, and every plugin kind.
+OPTION_ROOTS = {
+    **{field_.name: field_.type for field_ in dataclasses.fields(RunConfig) if dataclasses.is_dataclass(field_.type)},
+    **dict.fromkeys(KINDS),
+}
+
+
+def plugins_chosen(kind: str, overrides: list[Override], registry: Registry) -> list[str]:
+    """The plugins of a single-choice kind that `overrides` may select: the one they name, else the default one
+    when no preset may choose another (model=hf, +experiment=dapo), else every installed one."""
+    named = [
+        name for override in overrides if override.key_or_group == kind and not override.is_delete()
+        for name in _chosen_names(override)
+    ]
+    if named:
+        return named
+    if DEFAULT_CHOICES.get(kind) in registry.names(kind) and not any(map(_may_choose_plugins, overrides)):
+        return [DEFAULT_CHOICES[kind]]
+    return registry.names(kind)
+
+
+def multi_choice_places(kind: str, overrides: list[Override], registry: Registry) -> dict[str, list[type]]:
+    """Where a reward or hook may sit (reward.NAME), with its plugin's config: each installed plugin at its own
+    name, and each one placed elsewhere (`+reward@reward.brevity=python`)."""
+    places = {name: [_plugin_config(registry, kind, name)] for name in registry.names(kind)}
+    for override in overrides:
+        if override.key_or_group == kind and (override.package or "").startswith(f"{kind}."):
+            places[override.package.split(".")[1]] = [
+                _plugin_config(registry, kind, name) for name in _chosen_names(override)
+            ]
+    return places
+
+
+def _may_choose_plugins(override: Override) -> bool:
+    """A preset choice (model=hf, +experiment=dapo, +sweep/losses=grpo), or a model or dataset path, which
+    chooses a preset."""
+    key = override.key_or_group
+    return key in PRESET_FOR_PATH or ("." not in key and _first_key(key) in preset_groups())
+
+
+def _chosen_names(override: Override) -> list[str]:
+    if override.is_sweep_override():
+        return [str(name) for name in override.sweep_string_iterator()]
+    value = override.value()
+    return [str(name) for name in (value if isinstance(value, list) else [value])]
+
+
+def _plugin_config(registry: Registry, kind: str, name: str) -> type:
+    return _with_name(registry.get(kind, name).config, name)
+
+
+def _field_types(classes: list[type]) -> dict[str, list]:
+    """Each field name of `classes` (dataclasses), with the types it has in them."""
+    types: dict[str, list] = {}
+    for cls in classes:
+        hints = typing.get_type_hints(cls)
+        for field_ in dataclasses.fields(cls):
+            types.setdefault(field_.name, []).append(hints[field_.name])
+    return types
+
+
+def _refuse(override: Override, unknown: str, prefix: str, problem: str, valid) -> None:
+    close = difflib.get_close_matches(unknown, list(valid), n=3, cutoff=0.6)
+    hint = f"Did you mean {' or '.join(repr(f'{prefix}.{key}') for key in close)}? " if close else ""
+    raise ConfigError(
+        f"{override.input_line}: {problem}, so nothing would read it. {hint}The options of {prefix}: "
+        f"{', '.join(sorted(valid))}. `python -m grpo_kit --cfg job` shows the whole config, `grpo-kit plugins` "
+        "every plugin option."
+    )
+
+
 def top_level_keys() -> list[str]:
     """The run config's sections, Hydra's own key, and the preset groups in conf/ (experiment, sweep, ...)."""
     sections = [f.name for f in dataclasses.fields(RunConfig)]
+    return sorted({*sections, "hydra", *preset_groups()})
+
+
+def preset_groups() -> list[str]:
     folders = [entry.name for entry in importlib.resources.files(PRESETS_MODULE).iterdir() if entry.is_dir()]
-    presets = [name for name in folders if not name.startswith("_") and name not in NOT_PRESETS]
-    return sorted({*sections, "hydra", *presets})
+    return [name for name in folders if not name.startswith("_") and name not in NOT_PRESETS]
 
 
 NOT_PRESETS = {"accelerate"}  # conf/accelerate/ holds `accelerate launch --config_file` files, not Hydra presets
@@ -392,10 +505,37 @@ def complete(cfg: DictConfig, registry: Registry) -> DictConfig:
     return cfg
 
 
+def check_rewards_chosen(cfg: DictConfig, registry: Registry) -> None:
+    """A run needs a reward; a composed config does not (`--cfg job`, a preset that a reward is added to)."""
+    if not cfg.reward:
+        raise no_reward(registry)
+
+
+def check_a_reward_may_be_chosen(overrides: list[str] | tuple[str, ...], registry: Registry) -> None:
+    """Refuse a run whose overrides name no reward where no preset or Hydra setting may add one, before Hydra
+    composes it: a forgotten +reward then answers as fast as a misspelt key."""
+    parsed = OverridesParser.create().parse_overrides(list(overrides))
+    if not any(_may_add_a_reward(override.key_or_group) for override in parsed):
+        raise no_reward(registry)
+
+
+def _may_add_a_reward(key: str) -> bool:
+    """`reward...`, a preset choice (`+experiment=dapo` adds one), or a sweeper's (`hydra.sweeper.params`)."""
+    first = _first_key(key)
+    return first == "reward" or key.startswith(("hydra.sweeper", "hydra/sweeper")) or (
+        first in preset_groups() and "." not in key
+    )
+
+
+def no_reward(registry: Registry) -> PluginError:
+    return PluginError(f"No reward selected: add +reward=NAME (installed: {', '.join(registry.names('reward'))}).")
+
+
 def note_default_loss(cfg: DictConfig, overrides: list[str] | tuple[str, ...]) -> None:
     """Say so when the loss is the default one because the command line named none (`+loss=dapo` names it)."""
     named = any(override.key_or_group == "loss" for override in OverridesParser.create().parse_overrides(list(overrides)))
-    if cfg.loss.name == DEFAULT_CHOICES["loss"] and not named:
+    main_process = os.environ.get("RANK", "0") == "0"  # every process of a multi-process launch composes the config
+    if cfg.loss.name == DEFAULT_CHOICES["loss"] and not named and main_process:
         log.info("loss: %s, the default (choose another with +loss=NAME)", cfg.loss.name)
 
 

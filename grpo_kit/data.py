@@ -41,7 +41,38 @@ def load_prompts(cfg: DataConfig, setting: str = "data.path") -> datasets.Datase
             f"The dataset {cfg.path} has no `prompt` column (columns: {', '.join(dataset.column_names)}). "
             "Rename the column that holds the prompts to `prompt`."
         )
+    check_prompts(dataset, f"{setting}={cfg.path}")
     return dataset
+
+
+def check_prompts(dataset: datasets.Dataset, source: str) -> None:
+    """Every prompt must be text or chat messages, and not empty: a bad row would otherwise fail only when a batch
+    draws it, after checkpoints may have been written (an empty prompt has no token to predict the first from)."""
+    for start in range(0, len(dataset), 1000):
+        for offset, prompt in enumerate(dataset[start : start + 1000]["prompt"]):
+            problem = prompt_problem(prompt)
+            if problem:
+                row = start + offset
+                shown = str(dataset[row])  # the whole row, to find it by whatever count the user keeps
+                raise ConfigError(
+                    f"{source}: row {row + 1} (counting from 1), "
+                    f"{shown[:100] + '...' * (len(shown) > 100)}, has a `prompt` that {problem}. Give every row a "
+                    "non-empty prompt, as text or as a list of {role, content} messages, or drop the row."
+                )
+
+
+def prompt_problem(prompt) -> str | None:
+    """What makes `prompt` no prompt, or None: a prompt is non-blank text or a non-empty list of chat messages.
+    A column may mix the two, since each row is rendered on its own."""
+    if isinstance(prompt, str):
+        return None if prompt.strip() else "is empty"
+    if prompt is None:
+        return "is missing (null, or an empty cell)"
+    if isinstance(prompt, list) and not prompt:
+        return "is an empty list of messages"
+    if isinstance(prompt, list):
+        return None if is_conversational(prompt) else "is a list, but not of chat messages (dicts with a `role`)"
+    return f"is {prompt!r} ({type(prompt).__name__}), not text"
 
 
 def looks_local(name_or_path: str) -> bool:
@@ -51,6 +82,8 @@ def looks_local(name_or_path: str) -> bool:
 
 def _load_file(path: Path, setting: str) -> datasets.Dataset:
     file_format = _FORMAT_OF_SUFFIX[path.suffix]
+    if file_format != "parquet" and not _utf8_text(path, setting).strip():
+        return datasets.Dataset.from_dict({})  # datasets fails on an empty json file; load_prompts says it is empty
     try:
         return datasets.load_dataset(file_format, data_files=str(path), split="train")
     except DatasetGenerationError as error:
@@ -63,6 +96,22 @@ def _load_file(path: Path, setting: str) -> datasets.Dataset:
         if "no data" not in str(error):
             raise
         return datasets.Dataset.from_dict({})  # an empty file; load_prompts says so
+
+
+def _utf8_text(path: Path, setting: str) -> str:
+    """The text of a json or csv file, refused with the place of its first byte that is not UTF-8: datasets would
+    read such bytes into a row that fails only when a batch draws it."""
+    data = path.read_bytes()
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        line = data.count(b"\n", 0, error.start) + 1
+        column = error.start - data.rfind(b"\n", 0, error.start)  # rfind is -1 on the first line
+        raise InputFileError(
+            f"{setting}={path} is not UTF-8 text: line {line} has the byte {data[error.start]:#04x} at column "
+            f"{column}. Save the file as UTF-8 (from Latin-1: "
+            f"iconv -f latin1 -t utf-8 {path.name}), or correct that line, and run again."
+        ) from None
 
 
 def _json_syntax_error(path: Path) -> str | None:

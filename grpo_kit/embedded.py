@@ -13,15 +13,19 @@ A second embedded model and task teach tool use (`model.embedded=tool_use`, `dat
 `+environment=NAME` selects): see grpo_kit/embedded_tool_use.py.
 """
 
+import contextlib
 import hashlib
+import logging
 import os
 import random
 import shutil
+import socket
 import tempfile
 from pathlib import Path
 
 import torch
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+from tqdm.auto import tqdm
 from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
 from grpo_kit import embedded_tool_use
@@ -37,6 +41,9 @@ HELD_OUT_SUMS = sorted(random.Random(HELD_OUT_SEED).sample(EVERY_SUM, NUM_HELD_O
 TRAINING_SUMS = [pair for pair in EVERY_SUM if pair not in HELD_OUT_SUMS]  # what pretraining and training draw from
 PRETRAIN_STEPS, PRETRAIN_BATCH, PRETRAIN_LR = 300, 128, 3e-3
 RIGHT_ANSWER_RATE = 0.25  # how often the pretraining answer is the right one; otherwise a wrong sum nearby
+STAGING_PREFIX = f".building-{socket.gethostname()}-"  # + a random part + "-PID"
+
+log = logging.getLogger(__name__)
 
 
 def build_tokenizer() -> PreTrainedTokenizerFast:
@@ -99,16 +106,44 @@ def model_path(name: str = "sums") -> Path:
     recipe = hashlib.sha256(b"".join(p.read_bytes() for p in recipes)).hexdigest()[:12]  # a changed recipe: a new model
     path = cache / (("embedded-model-" if name == "sums" else f"embedded-{name}-model-") + recipe)
     if not (path / "config.json").exists():
-        cache.mkdir(parents=True, exist_ok=True)
-        staging = Path(tempfile.mkdtemp(dir=cache, prefix=".building-"))
+        _build(name, path)
+    return path
+
+
+def _build(name: str, path: Path) -> None:
+    """Pretrain into a staging folder renamed to `path` once whole, so that a build cut short is never loaded."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    _remove_abandoned_builds(path.parent)
+    log.info("Building the embedded model %r, once: later runs load it from %s", name, path)
+    # Named after this machine and process, so that a later build can tell whether its builder is gone.
+    staging = Path(tempfile.mkdtemp(dir=path.parent, prefix=STAGING_PREFIX, suffix=f"-{os.getpid()}"))
+    try:
         model, tokenizer = _pretrain() if name == "sums" else _pretrain_tool_use()
         model.save_pretrained(staging)
         tokenizer.save_pretrained(staging)
-        try:
+        with contextlib.suppress(OSError):  # another process finished the same build first
             staging.rename(path)
-        except OSError:  # another process finished the same build first
+    finally:  # interrupted, failed, or beaten by another process: leave nothing behind
+        if staging.exists():
             shutil.rmtree(staging)
-    return path
+
+
+def _remove_abandoned_builds(cache: Path) -> None:
+    """The staging folders of builds on this machine whose process was killed before it could remove them. Builds
+    still running, here or on another machine sharing the cache, keep theirs."""
+    for staging in cache.glob(f"{STAGING_PREFIX}*"):
+        if not _is_running(int(staging.name.rsplit("-", 1)[1])):
+            shutil.rmtree(staging, ignore_errors=True)  # another build may be removing it at the same time
+
+
+def _is_running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)  # no signal is sent: only whether the process exists
+        return True
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # it exists, as another user's
+        return True
 
 
 def _pretrain() -> tuple[Qwen2ForCausalLM, PreTrainedTokenizerFast]:
@@ -157,7 +192,8 @@ def _pretrained(
         optimizer = torch.optim.AdamW(model.parameters(), lr=PRETRAIN_LR)
         schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1 - step / steps if decay else 1.0)
         rng = random.Random(MODEL_SEED)
-        for _ in range(steps):
+        # Off where stderr is not a terminal (a log file, CI); a user at one sees the build move.
+        for _ in tqdm(range(steps), desc=f"Pretraining the embedded model ({steps} steps)", disable=None):
             texts, unlearned = zip(*(example(rng) for _ in range(batch_size)))
             batch = tokenizer(list(texts), padding=True, return_tensors="pt")
             labels = batch.input_ids.masked_fill(batch.attention_mask == 0, -100)

@@ -2,8 +2,11 @@
 
 An evaluation draws its samples from a random generator of its own, seeded by the run's seed and the step, so a
 run with evaluation trains exactly like the same run without it, and a resumed run evaluates like the original.
+A signal (SIGINT, SIGTERM) ends an evaluation between two batches, unlogged, so that the run saves and stops at once.
 """
 
+import logging
+from collections.abc import Callable
 from pathlib import Path
 
 import datasets
@@ -15,6 +18,8 @@ from grpo_kit.advantages import nanstd
 from grpo_kit.config import DataConfig, EvalConfig
 from grpo_kit.data import load_prompts
 from grpo_kit.rollout import Rollout
+
+log = logging.getLogger(__name__)
 
 
 def load_eval_prompts(cfg: EvalConfig, data: DataConfig) -> datasets.Dataset | None:
@@ -35,10 +40,15 @@ def load_eval_prompts(cfg: EvalConfig, data: DataConfig) -> datasets.Dataset | N
 
 
 class Evaluator:
-    """`evaluator(step)` -> the eval/ metrics of the policy as it is, on this process's share of the eval set."""
+    """`evaluator(step)` -> the eval/ metrics of the policy as it is, on this process's share of the eval set; none
+    when `stopping()` turns true before the last batch."""
 
-    def __init__(self, prompts: datasets.Dataset, rollout: Rollout, cfg: EvalConfig, seed: int, last_step: int, accelerator):
+    def __init__(
+        self, prompts: datasets.Dataset, rollout: Rollout, cfg: EvalConfig, seed: int, last_step: int, accelerator,
+        stopping: Callable[[], bool] = lambda: False,
+    ):
         self.rollout, self.seed, self.last_step, self.accelerator = rollout, seed, last_step, accelerator
+        self.stopping = stopping
         self.steps, self.batch_size = cfg.steps, cfg.batch_size
         self.num_generations = cfg.num_generations or rollout.num_generations
         shard = range(accelerator.process_index, len(prompts), accelerator.num_processes)
@@ -52,10 +62,12 @@ class Evaluator:
         devices = [self.accelerator.device] if self.accelerator.device.type == "cuda" else []
         with torch.random.fork_rng(devices=devices):
             torch.manual_seed(self.seed + step)
-            batches = [
-                self.rollout.score(self.rows[start : start + self.batch_size], self.num_generations)
-                for start in range(0, len(self.rows), self.batch_size)
-            ]
+            batches = []
+            for start in range(0, len(self.rows), self.batch_size):
+                if self.stopping():
+                    log.warning("The evaluation of step %d is abandoned: the run is stopping", step)
+                    return {}
+                batches.append(self.rollout.score(self.rows[start : start + self.batch_size], self.num_generations))
         local = torch.cat(
             [
                 torch.cat(

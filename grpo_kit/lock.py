@@ -1,7 +1,9 @@
 """The reproducibility lock: which plugin distributions, versions and entry points a run was made with.
 
-Every run directory gets `plugins.lock.json`. Training again into a directory that holds one (a resumed run), or
-checking a run against this environment (`grpo-kit lock RUN_DIR`), lists what differs, so that a result is never
+Every run directory gets `plugins.lock.json`: the sessions that trained the run's steps, each with the step it
+started from and its lock. A resumed session whose lock differs from the last one's is warned about, with what
+differs, and added; an attempt whose steps are not kept (it failed before its first checkpoint, and the run goes
+on from an earlier step) is replaced. So the file says what trained the steps the run holds, and a result is never
 silently reproduced with other code.
 """
 
@@ -13,6 +15,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
+from grpo_kit.checkpoint import RESUMABLE_CHANGES
 from grpo_kit.plugins import ENTRY_POINT_GROUP, Registry
 
 log = logging.getLogger(__name__)
@@ -34,9 +37,18 @@ def current_lock(registry: Registry, cfg: DictConfig | None = None) -> dict:
         },
     }
     if cfg is not None:
-        resolved = OmegaConf.to_yaml(cfg, resolve=True, sort_keys=True)
-        lock["config_sha256"] = hashlib.sha256(resolved.encode()).hexdigest()
+        lock["config_sha256"] = config_sha256(cfg)
     return lock
+
+
+def config_sha256(cfg: DictConfig) -> str:
+    """The resolved config's hash, without the settings that a resumed run may change (trainer.resume, ...)
+    without changing what it computes."""
+    resolved = OmegaConf.to_container(cfg, resolve=True)
+    for key in RESUMABLE_CHANGES:
+        section, name = key.split(".")
+        resolved[section].pop(name, None)
+    return hashlib.sha256(OmegaConf.to_yaml(OmegaConf.create(resolved), sort_keys=True).encode()).hexdigest()
 
 
 def differences(recorded: dict, current: dict) -> list[str]:
@@ -54,16 +66,29 @@ def differences(recorded: dict, current: dict) -> list[str]:
     return lines
 
 
-def write_or_compare(run_dir: Path, registry: Registry, cfg: DictConfig) -> None:
-    """Record the lock in `run_dir`; if one is there already, warn with what changed since."""
+def record_session(run_dir: Path, registry: Registry, cfg: DictConfig, start_step: int) -> None:
+    """Record in `run_dir`'s lock the session that trains from `start_step` (0, or the checkpoint's step it
+    resumes from); warn with what changed since the session that trained the steps before."""
     path = Path(run_dir) / LOCK_FILE
     current = current_lock(registry, cfg)
-    if path.exists():
-        changed = differences(json.loads(path.read_text()), current)
-        if changed:
-            log.warning("This run was made with other plugins or settings than now:\n  %s", "\n  ".join(changed))
-        return
-    path.write_text(json.dumps(current, indent=2, sort_keys=True) + "\n")
+    # Sessions that started at this step or later trained nothing the run keeps.
+    sessions = [session for session in _sessions(path) if session["from_step"] < start_step]
+    changed = differences(sessions[-1], current) if sessions else []
+    if changed:
+        log.warning(
+            "The steps up to %d of this run were trained with other plugins or settings than now; %s records "
+            "both:\n  %s", start_step, LOCK_FILE, "\n  ".join(changed),
+        )
+    if changed or not sessions:
+        sessions.append({"from_step": start_step, **current})
+    path.write_text(json.dumps({"sessions": sessions}, indent=2, sort_keys=True) + "\n")
+
+
+def _sessions(path: Path) -> list[dict]:
+    if not path.exists():
+        return []
+    recorded = json.loads(path.read_text())
+    return recorded.get("sessions") or [{"from_step": 0, **recorded}]  # a lock of one session, as it once was
 
 
 def _show(value) -> str:

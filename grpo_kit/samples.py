@@ -129,8 +129,23 @@ def _group(rows: list[dict]) -> str:
 
 def _text(value) -> str:
     if isinstance(value, list):  # chat messages
-        return "\n".join(f"[{message.get('role', '?')}] {message.get('content', '')}" for message in value)
+        return "\n".join(_message(message) for message in value)
     return str(value)
+
+
+def _message(message: dict) -> str:
+    """A chat message with its role, and an assistant's tool calls, which are the whole of a turn whose content is
+    empty (grpo_kit/tool_use.py)."""
+    calls = [call.get("function", call) for call in message.get("tool_calls") or []]
+    shown = [f"[tool call] {call.get('name', '?')}({_arguments(call.get('arguments'))})" for call in calls]
+    return " ".join([f"[{message.get('role', '?')}]", *filter(None, [message.get("content")]), *shown])
+
+
+def _arguments(arguments) -> str:
+    """A call's arguments as the model wrote them: a dict (parsed), or text."""
+    if isinstance(arguments, dict):
+        return ", ".join(f"{name}={value!r}" for name, value in arguments.items())
+    return str(arguments or "")
 
 
 def _shown(value: float | None) -> str:

@@ -8,8 +8,10 @@ heavy work (a plain number to compare, say): those are scored in this process, a
 workers. The pool starts when a batch first has completions for it, so a run whose answers are all quick to score
 never pays for its processes. No reward holds a run up for longer than `timeout`:
 a call that runs past it or raises gives None for its completions and is counted in `rewards/NAME/failures`. A
-result the run cannot use (wrong length, a value that is not a finite number) is a bug in the reward, not bad
-luck, so it stops the run with RewardError.
+reward that returns None for every completion of a batch is warned about too (once): a completion that no reward
+scores trains on nothing, so a run whose rewards all do that trains on nothing at all. A result the run cannot use
+(wrong length, a value that is not a finite number) is a bug in the reward, not bad luck, so it stops the run with
+RewardError.
 
 Besides the dataset's columns, every reward is handed TRL's keyword arguments: `trainer_state` (a transformers
 TrainerState: global_step, max_steps, epoch, ...), `log_extra(column, values)` (a column of the sample tables, one
@@ -117,7 +119,8 @@ class Scorer:
         for name in self.in_processes:
             _check_picklable(name, self.rewards[name])
             _check_logs_nothing(name, self.rewards[name])
-        self._warned: set[str] = set()
+        self._warned: set[str] = set()  # rewards that failed
+        self._warned_no_opinion: set[str] = set()  # rewards that had no opinion on a whole batch
         # One loop for the whole run, as TRL keeps one: async clients (HTTP sessions) are bound to their loop.
         self._loop = asyncio.new_event_loop()
         self._loop_thread = threading.Thread(target=self._loop.run_forever, name="grpo_kit-rewards", daemon=True)
@@ -155,6 +158,9 @@ class Scorer:
                 scores[call.rows, column[call.name]] = torch.tensor(values)
                 continue
             failures[call.name] += 1
+        for name, index in column.items():
+            if not failures[name] and scores[:, index].isnan().all():
+                self._no_opinion(name)
         if worker_stuck:
             self._start_pool()  # a fresh pool: the stuck worker would hold its place forever
         metrics = {f"rewards/{name}/failures": float(count) for name, count in failures.items()}
@@ -250,6 +256,17 @@ class Scorer:
             "Reward %r %s: its completions score None (no opinion) in this batch and the run goes on. Later "
             "failures of %r are not logged again; rewards/%s/failures counts them.",
             name, cause, name, name, exc_info=error,
+        )
+
+    def _no_opinion(self, name: str) -> None:
+        if name in self._warned_no_opinion:
+            return
+        self._warned_no_opinion.add(name)
+        log.warning(
+            "Reward %r returned None (no opinion) for every completion of a batch. A completion that no reward "
+            "scores has advantage 0: if no reward scores a batch, its step trains on nothing (reward null, loss 0). "
+            "Later such batches of %r are not logged again; rewards/%s/mean is null for them.",
+            name, name, name,
         )
 
 

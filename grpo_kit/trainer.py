@@ -31,10 +31,10 @@ from grpo_kit.batching import group_by_length, moves_before_use, split
 from grpo_kit.builders import build_advantage, build_custom_rollout, build_hooks, build_rewards, build_tool_use
 from grpo_kit.checkpoint import (
     CHECKPOINTS,
-    check_resumable,
     claim_run_directory,
     load_checkpoint,
     random_states,
+    release_run_directory,
     restore_random_states,
     restore_run_files,
     resume_command,
@@ -49,7 +49,7 @@ from grpo_kit.data import PromptSampler, load_prompts, use_chat_template_kwargs
 from grpo_kit.eos import eos_token_ids
 from grpo_kit.errors import ConfigError, GenerationUnavailable
 from grpo_kit.evaluation import Evaluator, load_eval_prompts
-from grpo_kit.lock import write_or_compare
+from grpo_kit.lock import record_session
 from grpo_kit.loggers import ConsoleLogger, JsonlLogger
 from grpo_kit.modeling import load_model
 from grpo_kit.objective import Objective, ObjectiveOutput, build_objective, loss_mask
@@ -73,14 +73,25 @@ from grpo_kit.sharding import (
     mix_into_sharded_reference,
     prepare_reference,
 )
+from grpo_kit.threads import use_torch_threads
 from grpo_kit.trackers import TrackerLogger, accelerate_trackers, check_trackers
 
 log = logging.getLogger(__name__)
 
 
 def train(cfg: DictConfig, run_dir: str | Path, registry: Registry | None = None) -> Path:
-    """Train as `cfg` says; the run directory receives config.yaml, metrics.jsonl and the final model."""
-    state = setup(cfg, Path(run_dir), registry or Registry())
+    """Train as `cfg` says; the run directory receives config.yaml, metrics.jsonl and the final model. Other
+    processes are kept out of it (`claim_run_directory`) until the run ends, however it ends. A signal (SIGINT,
+    SIGTERM) stops it after saving the step under way, raising `Stopped`."""
+    try:
+        return train_in(cfg, Path(run_dir), registry or Registry())
+    finally:
+        release_run_directory(Path(run_dir))
+
+
+def train_in(cfg: DictConfig, run_dir: Path, registry: Registry) -> Path:
+    """`train`, in the directory that `setup` claims."""
+    state = setup(cfg, run_dir, registry)
     outputs, stop = state.outputs, state.outputs.stop
     try:
         outputs.hooks.on_train_start(run=state.run)
@@ -88,29 +99,39 @@ def train(cfg: DictConfig, run_dir: str | Path, registry: Registry | None = None
         if outputs.evaluator is not None and state.cfg.eval.on_start and state.step == 0:
             state.optimization.model.eval()
             outputs.hooks.on_log(run=state.run, step=0, metrics={"step": 0, **outputs.evaluator(0)})
-        for step in range(state.step + 1, state.run.max_steps + 1):
-            started = time.perf_counter()
-            finite, grad_norm = train_step(state, step)
-            end_of_step(state, step, finite, grad_norm, started)
-            if stop.reason:
-                log.warning("Stopped by %s after step %d; resume with:\n  %s", stop.reason.value, step,
-                            resume_command(state.run_dir))
-                break
-        if state.cfg.trainer.save_model and not stop.reason:
+        finished = not stop.reason and train_steps(state)  # a signal before the first step: nothing to train
+        if finished and state.cfg.trainer.save_model:
             save_model(state)
         outputs.hooks.on_train_end(run=state.run)
     finally:
         outputs.close()
+    if not finished:
+        raise Stopped(
+            stop.reason, f"Stopped by {stop.reason.value} after step {state.step}; resume with:\n  "
+            f"{resume_command(state.run_dir)}"
+        )
     if state.accelerator.is_main_process:
         log.info("Done: %s, %s", state.run_dir.resolve(), outcome(state.run_dir))
     return state.run_dir
+
+
+def train_steps(state: "TrainState") -> bool:
+    """The optimizer steps from the state's own to the last; False when a signal stopped them, after saving the
+    step under way."""
+    for step in range(state.step + 1, state.run.max_steps + 1):
+        started = time.perf_counter()
+        finite, grad_norm = train_step(state, step)
+        stopping = end_of_step(state, step, finite, grad_norm, started)
+        if stopping and step < state.run.max_steps:  # at the last step the run is finished however late it came
+            return False
+    return True
 
 
 def setup(cfg: DictConfig, run_dir: Path, registry: Registry) -> "TrainState":
     """Everything the loop needs, checked before the model is loaded where it can be; resumed from a checkpoint
     when `trainer.resume` finds one. The returned state's outputs must be closed however the run ends."""
     cfg = complete(cfg, registry)
-    checkpoint = claim_run_directory(run_dir, cfg.trainer.resume)  # refuses before anything is written
+    checkpoint = claim_run_directory(run_dir, cfg)  # refuses before anything is written
     if cfg.trainer.resume and checkpoint is None:
         log.info("No checkpoint in %s: starting from step 0", run_dir)
 
@@ -138,7 +159,7 @@ def setup(cfg: DictConfig, run_dir: Path, registry: Registry) -> "TrainState":
     eval_prompts = load_eval_prompts(cfg.eval, cfg.data)
     every_prompt_set = [dataset for dataset in (prompts, eval_prompts) if dataset is not None]
     for dataset in every_prompt_set if cfg.rollout is None else ():  # a rollout plugin may add the columns
-        check_reward_columns(rewards, dataset)
+        check_reward_columns(rewards, dataset, OmegaConf.to_container(cfg.reward, resolve=True))
     max_steps = t.max_steps
     if max_steps == -1:
         max_steps = steps_in_epochs(cfg, len(prompts), prompts_per_generation * accelerator.num_processes)
@@ -146,13 +167,15 @@ def setup(cfg: DictConfig, run_dir: Path, registry: Registry) -> "TrainState":
 
     if accelerator.is_main_process:
         log.info("Run directory: %s", run_dir.resolve())
+        if accelerator.num_processes > 1:  # the log is the main process's alone: say that others train too
+            log.info("%d processes train this run (%s)", accelerator.num_processes, accelerator.distributed_type.value)
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "error.txt").unlink(missing_ok=True)  # left by an attempt that failed before this one
         (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
-        write_or_compare(run_dir, registry, cfg)  # the run lock: the plugins' versions, refused if they changed
     set_seed(cfg.seed)
 
     model, tokenizer = load_model(cfg.model, t.gradient_checkpointing_kwargs)
+    use_torch_threads(t.torch_threads, model.config)
     use_chat_template_kwargs(tokenizer, OmegaConf.to_container(cfg.data, resolve=True)["chat_template_kwargs"])
     policy_loss.use_router_aux_loss(model, algo.router_aux_loss_coef)  # refused here for a model without experts
     if policy_loss.router_aux_loss_coef != 0.0 and by_length:
@@ -260,7 +283,6 @@ def setup(cfg: DictConfig, run_dir: Path, registry: Registry) -> "TrainState":
             saved = load_checkpoint(checkpoint)
             if is_sharded(accelerator):  # every process reads its own part of the weights and optimizer state
                 accelerator.load_state(checkpoint / ACCELERATE_STATE)
-            check_resumable(saved["config"], cfg, checkpoint)
             restore_run_files(checkpoint, run_dir)
             state.load_state_dict(saved)  # the last setup step: it restores the random generators too
             at_step(trainer_state, state.step)
@@ -268,9 +290,14 @@ def setup(cfg: DictConfig, run_dir: Path, registry: Registry) -> "TrainState":
             state.run.start_step = state.step
             log.info("Resuming from %s (step %d)", checkpoint, state.step)
         if eval_prompts is not None:
-            outputs.evaluator = Evaluator(eval_prompts, rollout, cfg.eval, cfg.seed, max_steps, accelerator)
+            outputs.evaluator = Evaluator(
+                eval_prompts, rollout, cfg.eval, cfg.seed, max_steps, accelerator,
+                stopping=lambda: outputs.stop.reason is not None,
+            )
         if t.sample_every > 0 and accelerator.is_main_process:
             outputs.samples = SampleLog(run_dir, every=t.sample_every, max_rows=t.sample_rows)
+        if accelerator.is_main_process:  # the run lock: what trains from the step the run starts or resumes at
+            record_session(run_dir, registry, cfg, state.step)
     except BaseException:
         outputs.close()
         raise
@@ -332,9 +359,10 @@ def train_step(state: "TrainState", step: int) -> tuple[bool, float]:
     return finite, grad_norm
 
 
-def end_of_step(state: "TrainState", step: int, finite: bool, grad_norm: float, started: float) -> None:
-    """The step's side outputs: the non-finite count, hooks, eval, the logged line, a checkpoint; sets
-    `state.outputs.stop.reason` when the run should stop, and raises after saving when losses stay non-finite."""
+def end_of_step(state: "TrainState", step: int, finite: bool, grad_norm: float, started: float) -> bool:
+    """The step's side outputs: the non-finite count, hooks, eval, the logged line, a checkpoint. Returns whether a
+    signal stops the run here (the checkpoint is then written whatever trainer.save_steps says), and raises after
+    saving when losses stay non-finite."""
     t, window, outputs, stop = state.cfg.trainer, state.window, state.outputs, state.outputs.stop
     state.bad_steps = 0 if finite else state.bad_steps + 1
     if not finite:
@@ -357,15 +385,17 @@ def end_of_step(state: "TrainState", step: int, finite: bool, grad_norm: float, 
         logged |= token_counts(state)
         window.clear()
         outputs.hooks.on_log(run=state.run, step=step, metrics=logged | evaluated)
-    if (t.save_steps and step % t.save_steps == 0) or step == state.run.max_steps or stop.reason:
+    stopping = stop.reason is not None  # read once: a signal that comes later stops the run after the next step
+    if (t.save_steps and step % t.save_steps == 0) or step == state.run.max_steps or stopping:
         # A run that stops early saves the whole state, to go on from.
-        save_step(state, weights_only=t.save_only_model and not stop.reason)
+        save_step(state, weights_only=t.save_only_model and not stopping)
     if stop.reason is StopReason.NON_FINITE_LOSSES:
         raise RuntimeError(
             f"{state.bad_steps} steps in a row had a non-finite loss, so the run stopped after saving a checkpoint "
             f"at step {step}. Lower trainer.learning_rate or check the rewards, then resume with "
             "trainer.resume=auto."
         )
+    return stopping
 
 
 def save_model(state: "TrainState") -> None:
@@ -375,6 +405,8 @@ def save_model(state: "TrainState") -> None:
     if accelerator.is_main_process:
         accelerator.unwrap_model(model).save_pretrained(directory, state_dict=weights)
         state.run.tokenizer.save_pretrained(directory)
+        log.info("Model saved to %s (load it with from_pretrained, or train on from it with model.name_or_path=%s)",
+                 directory.resolve(), directory.resolve())
         state.outputs.hooks.on_save(run=state.run, directory=directory)
 
 
@@ -521,15 +553,35 @@ class StopReason(enum.Enum):
     NON_FINITE_LOSSES = "non-finite losses"
 
 
+class Stopped(KeyboardInterrupt):
+    """Raised by `train` when a signal stopped the run: neither finished nor failed, but saved to be resumed. A
+    KeyboardInterrupt, so that what stops on Ctrl-C (a notebook, a script's loop over runs) stops on it too.
+    `exit_code` is the shell's for a process that a signal ended, 128 + its number: 130 for SIGINT, 143 for SIGTERM."""
+
+    def __init__(self, reason: StopReason, message: str):
+        super().__init__(message)
+        self.exit_code = 128 + signal.Signals[reason.value]
+
+
 class StopRequest:
-    """SIGINT or SIGTERM: finish the step under way, save a checkpoint and stop, instead of dying mid-step."""
+    """SIGINT or SIGTERM: finish the step under way, save a checkpoint and stop, instead of dying mid-step. A second
+    signal stops at once, without saving, for a run that must not wait for its step to end."""
 
     def __init__(self):
         self.reason: StopReason | None = None
         self.previous = {sig: signal.signal(sig, self._request) for sig in (signal.SIGINT, signal.SIGTERM)}
 
     def _request(self, signum, frame):
-        self.reason = StopReason(signal.Signals(signum).name)
+        reason = StopReason(signal.Signals(signum).name)
+        if self.reason in (StopReason.SIGINT, StopReason.SIGTERM):  # asked a second time
+            self.restore()  # a third signal meets the handlers the run started with
+            raise Stopped(
+                reason, f"A second {reason.value} stopped the run at once, without saving the step under way; "
+                "trainer.resume=auto goes on from its last checkpoint."
+            )
+        self.reason = reason
+        log.warning("%s: stopping after the step under way, once it is saved (send it again to stop at once)",
+                    reason.value)
 
     def restore(self):
         for sig, handler in self.previous.items():

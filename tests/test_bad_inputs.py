@@ -12,6 +12,8 @@ import torch
 
 import grpo_kit
 from grpo_kit import checkpoint
+from grpo_kit.config import DataConfig
+from grpo_kit.data import load_prompts
 from grpo_kit.errors import ConfigError, InputFileError
 
 
@@ -44,7 +46,8 @@ def test_empty_dataset(registry, tiny_model, tmp_path):
 def test_reward_column_the_dataset_lacks(registry, tiny_model, tmp_path):
     data = write_jsonl(tmp_path / "data.jsonl", [{"prompt": "1+1=", "answer": "2"}])
     cfg = grpo_kit.compose(tiny(tiny_model, f"data.path={data}"), registry)
-    with pytest.raises(ValueError, match=r"Reward 'accuracy' needs the dataset column\(s\) solution.*columns: prompt, answer"):
+    message = r"Reward 'accuracy' needs the dataset column\(s\) solution.*columns: prompt, answer\). Set reward.accuracy.solution_column to the column"
+    with pytest.raises(ValueError, match=message):
         grpo_kit.train(cfg, tmp_path / "run", registry)
     cfg = grpo_kit.compose(tiny(tiny_model, f"data.path={data}", "reward.accuracy.solution_column=answer"), registry)
     grpo_kit.train(cfg, tmp_path / "fixed", registry)
@@ -225,3 +228,52 @@ def test_a_model_folder_without_config_json(registry, tmp_path, monkeypatch):
     message = rf"model.name_or_path={folder} is not a saved model: .* not a folder with a config.json. Give the folder"
     with pytest.raises(InputFileError, match=message):
         grpo_kit.train(cfg, tmp_path / "run", registry)
+
+
+@pytest.mark.parametrize("name, text, message", [
+    ("data.jsonl", '{"prompt": "1+1="}\n{"prompt": ""}\n', r"row 2 \(counting from 1\), .* that is empty"),
+    ("data.jsonl", '{"prompt": "1+1="}\n{"prompt": null}\n', r"row 2 .* that is missing \(null, or an empty cell\)"),
+    ("data.jsonl", '{"prompt": "1+1="}\n{"prompt": 12}\n', r"row 2 .* that is 12 \(int\), not text"),
+    ("data.csv", "prompt,solution\n7,7\n", r"row 1 .* that is 7 \(int\), not text"),  # a column of numbers
+    ("data.jsonl", '{"prompt": "1+1="}\n{"prompt": ["2+2="]}\n', r"row 2 .* that is a list, but not of chat messages"),
+])
+def test_a_bad_prompt_is_named_by_file_and_row_before_the_model_loads(
+    registry, tiny_model, tmp_path, monkeypatch, name, text, message
+):
+    never_loaded(monkeypatch)
+    (tmp_path / name).write_text(text)
+    cfg = grpo_kit.compose(tiny(tiny_model, f"data.path={tmp_path / name}"), registry)
+    with pytest.raises(ConfigError, match=rf"data.path={tmp_path / name}: {message}.*Give every row a non-empty"):
+        grpo_kit.train(cfg, tmp_path / "run", registry)
+    assert not (tmp_path / "run" / "config.yaml").exists()
+
+
+def test_a_column_may_mix_text_and_chat_prompts(tmp_path):
+    data = write_jsonl(tmp_path / "data.jsonl", [{"prompt": "1+1="}, {"prompt": [{"role": "user", "content": "2+2="}]}])
+    assert len(load_prompts(DataConfig(path=str(data)))) == 2
+
+
+def test_chat_prompts_for_a_tokenizer_without_a_chat_template_are_named(registry, tiny_model, tmp_path):
+    rows = [{"prompt": "1+1=", "solution": "2"}, {"prompt": [{"role": "user", "content": "2+2="}], "solution": "4"}]
+    cfg = grpo_kit.compose(tiny(tiny_model, f"data.path={write_jsonl(tmp_path / 'data.jsonl', rows)}"), registry)
+    with pytest.raises(ConfigError, match=r"Row 2 of the dataset .* is a list of chat messages, but the model's "
+                                          r"tokenizer has no chat template"):
+        grpo_kit.train(cfg, tmp_path / "run", registry)
+
+
+@pytest.mark.parametrize("name", ["data.jsonl", "data.json", "data.csv"])
+def test_an_empty_file_is_called_empty(tmp_path, name):
+    (tmp_path / name).write_text("")
+    with pytest.raises(ConfigError, match=r"The dataset .* is empty: it needs at least one row"):
+        load_prompts(DataConfig(path=str(tmp_path / name)))
+
+
+@pytest.mark.parametrize("name, data, line, column", [
+    ("data.jsonl", b'{"prompt": "1+1="}\n{"prompt": "caf\xe9"}\n', 2, 16),
+    ("data.csv", b"prompt,solution\ncaf\xe9,2\n", 2, 4),
+])
+def test_bytes_that_are_not_utf8_are_named_by_line_and_column(tmp_path, name, data, line, column):
+    (tmp_path / name).write_bytes(data)
+    message = rf"data.path={tmp_path / name} is not UTF-8 text: line {line} has the byte 0xe9 at column {column}\. Save"
+    with pytest.raises(InputFileError, match=message):
+        load_prompts(DataConfig(path=str(tmp_path / name)))

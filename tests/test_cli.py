@@ -1,4 +1,4 @@
-"""The Hydra app: a sweep records a failed run and goes on."""
+"""The Hydra app: a sweep records a failed run, goes on, and exits 1 once the other runs are done."""
 
 import subprocess
 import sys
@@ -16,7 +16,9 @@ def test_a_failing_run_does_not_stop_the_sweep(tiny_model, tmp_path):
         capture_output=True,
         text=True,
     )
-    assert result.returncode == 0, result.stderr
+    assert result.returncode == 1, result.stderr
+    summary = f"1 run(s) of the sweep failed; each one's error.txt says why:\n  {sweep / '0' / 'error.txt'}"
+    assert summary in result.stderr
     assert "not a multiple of generation.num_generations=4" in (sweep / "0" / "error.txt").read_text()
     assert not (sweep / "1" / "error.txt").exists()
     assert len((sweep / "1" / "metrics.jsonl").read_text().splitlines()) == 2

@@ -1,5 +1,6 @@
 """Composition: every installed plugin's config is a Hydra group option with typed, checked fields."""
 
+import re
 import subprocess
 import sys
 
@@ -10,7 +11,13 @@ from omegaconf import OmegaConf
 
 import grpo_kit
 from grpo_kit.builders import build_rewards
-from grpo_kit.config import DEFAULT_CHOICES, SINGLE_CHOICE_KINDS, check_choices, with_presets
+from grpo_kit.config import (
+    DEFAULT_CHOICES,
+    SINGLE_CHOICE_KINDS,
+    check_a_reward_may_be_chosen,
+    check_choices,
+    with_presets,
+)
 from grpo_kit.errors import ConfigError, PluginError
 from grpo_kit.plugins import Registry, plugin_manager
 
@@ -50,6 +57,29 @@ def test_defaults_and_default_loss(registry, caplog):
         assert cfg[kind].name == name
 
 
+def test_only_the_main_process_calls_the_loss_the_default(registry, caplog, monkeypatch):
+    monkeypatch.setenv("RANK", "1")  # as torchrun and accelerate launch set it in the second process
+    with caplog.at_level("INFO"):
+        grpo_kit.compose([], registry)
+    assert "the default" not in caplog.text
+
+
+def test_a_forgotten_reward_is_refused_before_hydra_composes(tmp_path, monkeypatch):
+    from grpo_kit import cli
+
+    monkeypatch.setattr(sys, "argv", ["grpo_kit", "+loss=grpo", f"hydra.run.dir={tmp_path / 'run'}"])
+    monkeypatch.setattr(cli, "store_configs", lambda registry: pytest.fail("Hydra was set up"))
+    with pytest.raises(SystemExit, match=r"^error: No reward selected: add \+reward=NAME \(installed: accuracy, "):
+        cli.main()
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("overrides", [["+reward=accuracy"], ["+reward@reward.b=python"], ["+experiment=dapo"],
+                                       ["model=hf"], ["hydra/sweeper=basic"]])
+def test_a_reward_that_a_preset_or_sweeper_may_add_is_left_to_hydra(registry, overrides):
+    check_a_reward_may_be_chosen(overrides, registry)
+
+
 @pytest.mark.parametrize("named", ["+loss=dapo", "loss=dapo"])
 def test_a_loss_the_command_line_names_is_not_called_the_default(registry, caplog, named):
     with caplog.at_level("INFO"):
@@ -67,18 +97,63 @@ def test_several_rewards_with_weights(registry):
     assert list(cfg.reward) == ["accuracy"] and cfg.reward.accuracy.weight == 0.5
 
 
-def test_unknown_plugin_lists_installed_ones(registry):
-    with pytest.raises(PluginError, match=r"No loss plugin named 'nope' is installed \(installed: bnpo, cispo, dapo, "):
-        grpo_kit.compose(["+loss=nope"], registry)
+BUILT_IN_LOSSES = {"bnpo", "cispo", "dapo", "dr_grpo", "grpo"}
+
+
+def listed_as_installed(message: str) -> set[str]:
+    """The names a message lists as installed: the built-in ones, and whatever else the user has installed."""
+    return set(re.search(r"\(installed: ([^)]*)\)", message).group(1).split(", "))
+
+
+def test_unknown_plugin_lists_installed_ones(installed):
+    with pytest.raises(PluginError, match=r"No loss plugin named 'nope' is installed \(installed: ") as error:
+        grpo_kit.compose(["+loss=nope"], installed)
+    assert BUILT_IN_LOSSES <= listed_as_installed(str(error.value))
     with pytest.raises(PluginError, match=r"No advantage plugin named 'grup'"):
-        grpo_kit.compose(["advantage=grup"], registry)
+        grpo_kit.compose(["advantage=grup"], installed)
 
 
 def test_misspelled_field_is_rejected_by_name(registry):
-    with pytest.raises(ConfigCompositionException, match="epsilonn"):
+    with pytest.raises(ConfigError, match=r"'epsilonn' is not an option of loss dapo.*Did you mean 'loss.epsilon'"):
         grpo_kit.compose(["+loss=dapo", "loss.epsilonn=0.3"], registry)
-    with pytest.raises(ConfigCompositionException, match="learning_rat"):
+    with pytest.raises(ConfigError, match=r"'learning_rat' is not .* Did you mean 'trainer.learning_rate'"):
         grpo_kit.compose(["trainer.learning_rat=0.1"], registry)
+
+
+@pytest.mark.parametrize("override, message", [
+    ("loss.epsilonn=0.3", r"'epsilonn' is not an option of loss dapo, .* Did you mean 'loss.epsilon' or"),
+    ("trainer.max_step=10", r"'max_step' is not an option of trainer, .* Did you mean 'trainer.max_steps' or"),
+    ("reward.accuracy.wieght=2", r"'wieght' is not an option of reward.accuracy, .* mean 'reward.accuracy.weight'"),
+    ("reward.accurcy.weight=2", r"no reward the run can select is named 'accurcy', .* Did you mean 'reward.accuracy'"),
+    ("model.lora.rr=8", r"'rr' is not an option of model.lora, .* Did you mean 'model.lora.r'"),
+    ("+trainer.max_step=10", r"'max_step' is not an option of trainer, .* Did you mean 'trainer.max_steps' or"),
+    ("+loss.alpah=0.5", r"'alpah' is not an option of loss dapo, .* The options of loss: delta, epsilon, epsilon_high"),
+])
+def test_the_cli_refuses_a_misspelt_option_at_once_with_the_closest_ones(
+    tmp_path, monkeypatch, capsys, override, message
+):
+    from grpo_kit import cli
+
+    monkeypatch.setattr(sys, "argv", ["grpo_kit", "+reward=accuracy", override, f"hydra.run.dir={tmp_path / 'run'}"])
+    with pytest.raises(SystemExit) as exit_:
+        cli.main()
+    assert re.match(rf"error: {re.escape(override)}: {message}", str(exit_.value.code))
+    assert "To append" not in str(exit_.value.code) + capsys.readouterr().err
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("overrides", [
+    ["+loss=grpo", "loss.epsilon=0.3", "+reward=[accuracy,think_format]", "reward.think_format.weight=0.5"],
+    ["+experiment=dapo", "loss.epsilon_high=0.3"],
+    ["model.name_or_path=m", "rollout_correction.max=5"],  # model=hf chooses a rollout correction
+    ["-m", "+sweep/losses=grpo,dapo", "loss.epsilon=0.3", "hydra.run.dir=out", "+hydra.job.env_set.A=1"],
+    ["+reward@reward.brevity=python", "reward.brevity.weight=2"],
+    ["data.chat_template_kwargs={enable_thinking:false}", "+data.chat_template_kwargs.enable_thinking=false"],
+    ["+model.model_init_kwargs.dtype=bfloat16", "+trainer.lr_scheduler_kwargs.num_cycles=2",
+     "+generation.generation_kwargs.foo=1", "+trainer.gradient_checkpointing_kwargs.use_reentrant=true"],
+])
+def test_options_that_exist_and_keys_that_are_free_pass_the_check(registry, overrides):
+    check_choices([override for override in overrides if "=" in override], registry)
 
 
 def test_wrong_type_is_rejected(registry):
@@ -94,14 +169,15 @@ def test_cli_composes_the_same_config(registry):
     assert yaml.safe_load(printed) == OmegaConf.to_container(grpo_kit.compose(overrides, registry))
 
 
-def test_cli_rejects_unknown_plugin_before_building_anything(tmp_path):
+def test_cli_rejects_unknown_plugin_before_building_anything(installed, tmp_path):
     result = subprocess.run(
         [sys.executable, "-m", "grpo_kit", "+loss=nope", "+reward=accuracy", f"hydra.run.dir={tmp_path}/run"],
         capture_output=True,
         text=True,
     )
     assert result.returncode != 0
-    assert "No loss plugin named 'nope' is installed (installed: bnpo, cispo, dapo, dr_grpo, " in result.stderr
+    assert "No loss plugin named 'nope' is installed (installed: " in result.stderr
+    assert BUILT_IN_LOSSES <= listed_as_installed(result.stderr)
     assert not (tmp_path / "run").exists()
 
 
@@ -125,12 +201,14 @@ def test_cli_prints_the_default_loss_with_its_options(tmp_path):
     assert yaml.safe_load(printed)["loss"] == {"name": "dapo", "epsilon": 0.2, "epsilon_high": 0.28, "delta": None}
 
 
-def test_a_missing_default_loss_says_how_to_choose_one(monkeypatch):
+def test_a_missing_default_loss_says_how_to_choose_one(installed, monkeypatch):
     monkeypatch.setenv("GRPO_KIT_DISABLE_PLUGINS", "loss:dapo")
     registry = Registry(plugin_manager())
     with pytest.raises(PluginError, match=r"No loss plugin selected, and the default 'dapo' is not installed: choose "
-                                          r"one with \+loss=NAME \(installed: bnpo, cispo, dr_grpo, "):
+                                          r"one with \+loss=NAME \(installed: ") as error:
         grpo_kit.compose([], registry)
+    listed = listed_as_installed(str(error.value))
+    assert BUILT_IN_LOSSES - {"dapo"} <= listed and "dapo" not in listed
     assert grpo_kit.compose(["+loss=grpo"], registry).loss.name == "grpo"
 
 

@@ -9,6 +9,7 @@ from packaging.requirements import Requirement
 from conftest import TRL_VERSION
 
 REQUIREMENTS = Path(__file__).resolve().parent.parent / "requirements.txt"
+README = REQUIREMENTS.with_name("README.md")
 
 
 def developer_requirements() -> dict[str, str]:
@@ -37,3 +38,10 @@ def test_the_developer_install_brings_what_skipped_tests_import():
     names = set(developer_requirements())
     assert {"peft", "tensorboard", "wandb", "hydra-joblib-launcher", "hydra-optuna-sweeper", "build"} <= names
     assert "./docs/plugins/example" in names  # the example plugin's own tests and tests/test_example_plugin.py
+
+
+def test_the_readme_installs_torchs_cpu_build_first():
+    """On Linux, PyPI's torch is the CUDA build: several GB that the README's CPU user never uses."""
+    first_command = README.read_text().split("```\n", 2)[1].splitlines()[0]
+    # An extra index: its 2.13.0+cpu outranks PyPI's 2.13.0, and pip goes on with PyPI where it cannot be reached.
+    assert first_command.endswith("pip install torch==2.13.0 --extra-index-url https://download.pytorch.org/whl/cpu")

@@ -17,6 +17,7 @@ def run(command, tmp_path):
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return done.stdout + done.stderr
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +48,7 @@ def torchrun_cli(tiny_model, run_dir, *overrides):
         "trainer.max_steps=4", "trainer.save_steps=2", "trainer.save_total_limit=5", "trainer.progress_bar=false",
         "trainer.logging_steps=1", "algorithm.beta=0.04", "eval.split=test", "eval.num_examples=6", f"hydra.run.dir={run_dir}", *overrides,
     ]
-    run(command, run_dir)
+    return run(command, run_dir)
 
 
 @pytest.mark.slow
@@ -55,7 +56,9 @@ def test_two_processes_train_evaluate_and_resume_bit_for_bit(tiny_model, tmp_pat
     from safetensors.torch import load_file
 
     unbroken, resumed = tmp_path / "unbroken", tmp_path / "resumed"
-    torchrun_cli(tiny_model, unbroken)
+    output = torchrun_cli(tiny_model, unbroken)
+    assert "2 processes train this run" in output
+    assert output.count("loss: dapo, the default") == 1  # said by the main process only
     torchrun_cli(tiny_model, resumed, f"trainer.resume={unbroken / 'checkpoints' / 'step-000002'}")
     ours, theirs = (load_file(d / "model" / "model.safetensors") for d in (resumed, unbroken))
     assert all(torch.equal(ours[name], theirs[name]) for name in ours)

@@ -111,6 +111,20 @@ def test_runs_table(sweep):
     assert failed["status"] == "failed" and failed["error"] == "RuntimeError: reward server went away"
 
 
+def test_a_run_whose_rewards_failed_is_marked(sweep):
+    metrics = sweep / "0" / "metrics.jsonl"
+    lines = [json.loads(line) for line in metrics.read_text().splitlines()]
+    for line in lines[1:]:
+        line["rewards/accuracy/failures"] = 1.0 if line["step"] in (4, 5) else 0.0  # it raised or timed out
+    lines[7]["reward"] = None  # no completion of step 7 had a reward
+    metrics.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    write_report(sweep, plots=False)
+    rows = read_csv(sweep / "runs.csv")
+    assert [(row["status"], row["reward_failed_steps"]) for row in rows[:2]] == [("ok", "3"), ("ok", "0")]
+    report = (sweep / "report.md").read_text()
+    assert "| ok, rewards failed on 3 logged steps |" in report and "1 whose rewards failed on some steps" in report
+
+
 def test_variants_table_is_mean_and_std_over_seeds(sweep):
     write_report(sweep, plots=False)
     rows = {row["variant"]: row for row in read_csv(sweep / "variants.csv")}

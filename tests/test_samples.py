@@ -77,6 +77,19 @@ def test_chat_messages_are_shown_by_role(tmp_path):
     assert lines(tmp_path)[0]["completion"] == [{"role": "assistant", "content": "<b>2</b>"}]
 
 
+def test_a_tool_call_is_shown_in_its_assistant_turn(tmp_path):
+    log = SampleLog(tmp_path, every=1, max_rows=1)
+    call = {"type": "function", "function": {"name": "add", "arguments": {"a": 2, "b": 3}}}
+    turns = [
+        {"role": "assistant", "content": "", "tool_calls": [call]},  # a tool call's turn has no content of its own
+        {"role": "tool", "name": "add", "content": "5"},
+        {"role": "assistant", "content": "5"},
+    ]
+    log.record(0, [[{"role": "user", "content": "2+3?"}]] * 4, [turns] * 4, REWARDS, ["accuracy", "format"], ADVANTAGES)
+    page = (tmp_path / "samples.html").read_text()
+    assert "[assistant] [tool call] add(a=2, b=3)\n[tool] 5\n[assistant] 5" in page
+
+
 def test_invalid_settings_are_named(tmp_path):
     with pytest.raises(ValueError, match="every >= 1"):
         SampleLog(tmp_path, every=0, max_rows=4)

@@ -148,6 +148,18 @@ def test_reward_that_raises_gives_none_and_is_counted(caplog):
     assert len(warnings) == 1 and "verifier service unreachable" in warnings[0].getMessage()
 
 
+def test_a_reward_with_no_opinion_on_a_whole_batch_is_warned_about_once(caplog):
+    def abstains(completions, **kwargs):
+        return [None] * len(completions)
+
+    with Scorer({"abstains": abstains, "partial": no_opinion_on_first}) as scorer:
+        rewards, _ = score(scorer)
+        score(scorer)
+    assert rewards[:, 0].isnan().all()
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and "Reward 'abstains' returned None (no opinion) for every completion" in warnings[0]
+
+
 @pytest.mark.parametrize(
     ("returned", "message"),
     [

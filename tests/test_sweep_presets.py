@@ -133,13 +133,17 @@ def test_the_report_callback_is_a_hydra_callback():
 # ---- real sweeps, a few steps each ---------------------------------------------------------------------------
 
 
-def run_sweep(tmp_path, *overrides):
+def sweep(tmp_path, *overrides) -> subprocess.CompletedProcess:
     command = [
         sys.executable, "-m", "grpo_kit", "-m", "+reward=accuracy", "trainer.max_steps=3", "trainer.save_model=false",
         "trainer.progress_bar=false", "trainer.sample_every=0", f"hydra.sweep.dir={tmp_path / 'sweep'}",
         REPORT_CALLBACK, *overrides,
     ]
-    done = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=600, check=False)
+    return subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=600, check=False)
+
+
+def run_sweep(tmp_path, *overrides):
+    done = sweep(tmp_path, *overrides)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     return tmp_path / "sweep"
 
@@ -158,6 +162,27 @@ def test_a_sweep_ends_with_its_report(tmp_path):
     assert [row["variant"] for row in runs] == ["+sweep/losses=grpo", "+sweep/losses=luspo"]
     assert all(row["status"] == "ok" and row["steps"] == "3" for row in runs)
     assert (sweep / "report.md").is_file()
+
+
+@pytest.mark.slow
+def test_a_sweep_in_worker_processes_with_a_failed_run_exits_1_once_the_others_are_done(tmp_path):
+    pytest.importorskip("hydra_plugins.hydra_joblib_launcher", reason="pip install grpo-kit[sweeps]")
+    # Run 0 fails inside the trainer, at its model; run 1 trains the embedded model. (tests/test_cli.py: in-process)
+    done = sweep(tmp_path, "hydra/launcher=local_parallel", f"model.name_or_path={tmp_path / 'missing'},null")
+    assert done.returncode == 1, done.stdout[-3000:] + done.stderr[-3000:]
+    error_file = tmp_path / "sweep" / "0" / "error.txt"
+    assert f"1 run(s) of the sweep failed; each one's error.txt says why:\n  {error_file}" in done.stderr
+    runs = read_rows(tmp_path / "sweep" / "runs.csv")
+    assert [(row["status"], row["steps"]) for row in runs] == [("failed", "0"), ("ok", "3")]
+
+
+@pytest.mark.slow
+def test_a_failed_run_left_by_an_earlier_sweep_in_its_directory_is_not_this_sweeps(tmp_path):
+    sweep(tmp_path, f"model.name_or_path={tmp_path / 'missing'}")  # leaves sweep/0/error.txt
+    done = sweep(tmp_path, "hydra.sweep.subdir=again_${hydra.job.num}", "trainer.max_steps=1")
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert (tmp_path / "sweep" / "0" / "error.txt").exists()
+    assert (tmp_path / "sweep" / "again_0" / "metrics.jsonl").exists()
 
 
 @pytest.mark.slow

@@ -36,10 +36,12 @@ def run(tiny_model, *extra):
 
 
 @pytest.mark.parametrize("loss", ["grpo", "dapo"])
-def test_a_few_steps_change_the_weights_and_write_the_run(registry, tiny_model, tmp_path, loss):
+def test_a_few_steps_change_the_weights_and_write_the_run(registry, tiny_model, tmp_path, loss, caplog):
     cfg = grpo_kit.compose(run(tiny_model, f"+loss={loss}", "trainer.gradient_accumulation_steps=2"), registry)
     assert cfg.model.name_or_path == str(tiny_model) and cfg.trainer.learning_rate == 1e-2
-    grpo_kit.train(cfg, tmp_path, registry)
+    with caplog.at_level("INFO"):
+        grpo_kit.train(cfg, tmp_path, registry)
+    assert f"Model saved to {tmp_path.resolve() / 'model'} (load it with from_pretrained" in caplog.text
 
     lines = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [line["step"] for line in lines] == [1, 2, 3]

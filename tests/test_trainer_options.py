@@ -19,6 +19,7 @@ from grpo_kit.optimizers import build_optimizer, build_scheduler
 from grpo_kit.pipeline import Run
 from grpo_kit.testing import build_tiny_model, tiny_run
 from grpo_kit.trackers import TrackerLogger, accelerate_trackers, check_trackers
+from grpo_kit.trainer import Stopped
 
 
 @pytest.fixture
@@ -214,7 +215,7 @@ def test_save_only_model_checkpoints_hold_the_weights_and_refuse_to_resume(regis
     grpo_kit.train(grpo_kit.compose(overrides, registry), run_dir, registry)
     checkpoints = sorted((run_dir / "checkpoints").iterdir())
     assert [c.name for c in checkpoints] == ["step-000001", "step-000002", "step-000003"]
-    assert all(sorted(p.name for p in c.iterdir()) == ["metrics.jsonl", "model"] for c in checkpoints)
+    assert all(sorted(p.name for p in c.iterdir()) == ["manifest.json", "metrics.jsonl", "model"] for c in checkpoints)
     last, final = load_file(checkpoints[-1] / "model" / "model.safetensors"), load_file(run_dir / "model" / "model.safetensors")
     assert all(torch.equal(last[name], final[name]) for name in final)
 
@@ -245,9 +246,13 @@ def test_a_run_stopped_early_saves_a_whole_checkpoint_even_with_save_only_model(
     registry = Registry(plugin_manager(local_modules=[module]))
     overrides = tiny_run(tiny_model, "+reward=digits", "trainer.save_steps=1", "trainer.save_total_limit=5",
                          "trainer.save_only_model=true", "trainer.max_steps=4")
-    grpo_kit.train(grpo_kit.compose(overrides, registry), tmp_path, registry)
+    with pytest.raises(Stopped):
+        grpo_kit.train(grpo_kit.compose(overrides, registry), tmp_path, registry)
     saved = {c.name: sorted(p.name for p in c.iterdir()) for c in (tmp_path / "checkpoints").iterdir()}
-    assert saved == {"step-000001": ["metrics.jsonl", "model"], "step-000002": ["metrics.jsonl", "state.pt"]}
+    assert saved == {
+        "step-000001": ["manifest.json", "metrics.jsonl", "model"],
+        "step-000002": ["config.json", "manifest.json", "metrics.jsonl", "state.pt"],
+    }
 
 
 # -- token counts ----------------------------------------------------------------------------------------------------

@@ -69,6 +69,12 @@ class Run:
                 values.append(_float(line.get(name)))
         return steps, values
 
+    @property
+    def reward_failed_steps(self) -> int:
+        """The logged training steps at which a reward raised or timed out (`rewards/NAME/failures`), or no
+        completion had a reward at all (`reward` null): steps that trained on less than the rewards promise."""
+        return sum(1 for line in self.metrics if "reward" in line and _reward_failed(line))  # a step-0 eval has none
+
     def has(self, name: str) -> bool:
         return any(not math.isnan(value) for value in self.series(name)[1])
 
@@ -205,6 +211,11 @@ def _read_metrics(path: Path) -> list[dict]:
             # A run killed while writing leaves half a line at the end: the lines before it still count.
             log.warning("%s line %d is not JSON, skipped (a run killed mid-write?)", path, number)
     return lines
+
+
+def _reward_failed(line: dict) -> bool:
+    failures = [value for name, value in line.items() if name.startswith("rewards/") and name.endswith("/failures")]
+    return math.isnan(_float(line["reward"])) or any(_float(value) > 0 for value in failures)
 
 
 def _float(value) -> float:

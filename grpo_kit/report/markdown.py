@@ -39,6 +39,9 @@ def render(
 ) -> str:
     statuses = [row["status"] for row in run_rows]
     counts = ", ".join(f"{statuses.count(s)} {s}" for s in ("ok", "failed", "incomplete") if statuses.count(s))
+    reward_failures = sum(1 for row in run_rows if row["reward_failed_steps"])
+    if reward_failures:
+        counts += f"; {reward_failures} whose rewards failed on some steps"
     lines = [
         f"# Sweep report: {name}",
         "",
@@ -99,7 +102,7 @@ def render(
     for row in run_rows:
         lines.append(
             f"| {row['run']} | {_cell(row['variant'])} | {row['seed'] if row['seed'] is not None else ''} "
-            f"| {row['status']} | {_number(row['final_reward'], '.3f')} | {_number(row['best_reward'], '.3f')} "
+            f"| {_status(row)} | {_number(row['final_reward'], '.3f')} | {_number(row['best_reward'], '.3f')} "
             f"| {_number(row['eval_reward'], '.3f')} "
             f"| {row['steps']} | {_duration(row['wall_time_s'])} | {_number(row['tokens_per_s'], '.0f')} "
             f"| {_samples_link(run_of[row['run']])} |"
@@ -195,6 +198,13 @@ def _pm(mean: float, std: float, spec: str) -> str:
 def _signed(mean: float, std: float) -> str:
     """A difference with its sign; `.3g` because differences under replay can be a few thousandths or less."""
     return f"{mean:+.3g}" if math.isnan(std) else f"{mean:+.3g} ± {std:.2g}"
+
+
+def _status(row: dict) -> str:
+    """ok, failed or incomplete, and the steps at which a reward failed: a run that trained on fewer rewards than
+    it was meant to is not simply ok."""
+    failed = row["reward_failed_steps"]
+    return f"{row['status']}, rewards failed on {failed} logged steps" if failed else row["status"]
 
 
 def _number(value, spec: str) -> str:

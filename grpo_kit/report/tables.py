@@ -12,8 +12,8 @@ from pathlib import Path
 from grpo_kit.report.collect import Run
 
 RUN_COLUMNS = [
-    "run", "variant", "seed", "status", "final_reward", "best_reward", "eval_reward", "steps", "wall_time_s",
-    "tokens_per_s",
+    "run", "variant", "seed", "status", "reward_failed_steps", "final_reward", "best_reward", "eval_reward", "steps",
+    "wall_time_s", "tokens_per_s",
     "overrides", "error",
 ]
 # Each summary number of a variant is the mean and the std over its completed runs (its seeds).
@@ -60,6 +60,7 @@ def run_rows(runs: list[Run], variants: list[Variant]) -> list[dict]:
             "variant": label_of[id(run)],
             "seed": run.seed,
             "status": run.status,
+            "reward_failed_steps": run.reward_failed_steps,
             "final_reward": run.final_reward,
             "best_reward": run.best_reward,
             "eval_reward": run.eval_reward,

@@ -17,6 +17,7 @@ has, with the same seed, the tokens are those of `generate` (tests/test_sampling
 """
 
 import contextlib
+import inspect
 
 import torch
 from transformers import AttentionInterface, GenerationConfig, LogitsProcessorList
@@ -159,6 +160,12 @@ def logits_processors(model, generation_config: GenerationConfig, prompt_length:
     )
 
 
+def cache_argument(model) -> str:
+    """The forward pass's name for the KV cache: `cache` since transformers 5.x, which warns at every call that
+    still says `past_key_values`, the name of transformers 4 and of models written for it."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
 @torch.no_grad()
 def sample(model, prompt_ids, attention_mask, generation_config: GenerationConfig, with_logprobs: bool = False):
     """Completions of left-padded prompts (B, P): ids (B, T), and when asked, each sampled token's log-prob under
@@ -175,6 +182,7 @@ def _sample(model, prompt_ids, attention_mask, generation_config, with_logprobs:
     processors = logits_processors(model, generation_config, prompt_length)
     num_layers = model.config.get_text_config(decoder=True).num_hidden_layers
     cache = Cache(layers=[PreallocatedLayer(prompt_length + max_new_tokens, transposed_keys) for _ in range(num_layers)])
+    with_cache = {cache_argument(model): cache}
     # As `generate` numbers positions: from the first real token of each left-padded prompt.
     last_logits_only = {"logits_to_keep": 1} if model._supports_logits_to_keep() else {}  # as `generate` asks
     position_ids = (attention_mask.long().cumsum(-1) - 1).masked_fill(attention_mask == 0, 1)  # (B, P)
@@ -187,8 +195,8 @@ def _sample(model, prompt_ids, attention_mask, generation_config, with_logprobs:
     last_position = position_ids[:, -1:]  # (A, 1)
     for t in range(max_new_tokens):
         logits = model(
-            input_ids=inputs, attention_mask=attention_mask, position_ids=position_ids, past_key_values=cache,
-            use_cache=True, **last_logits_only,
+            input_ids=inputs, attention_mask=attention_mask, position_ids=position_ids, use_cache=True,
+            **with_cache, **last_logits_only,
         ).logits[:, -1].to(copy=True, dtype=torch.float32)  # (A, V)
         next_scores = processors(input_ids, logits)  # (A, V)
         next_tokens = torch.multinomial(next_scores.softmax(dim=-1), num_samples=1)  # (A, 1)

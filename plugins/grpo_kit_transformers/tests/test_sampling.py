@@ -12,6 +12,7 @@ Four checks, each able to catch a different mistake:
 """
 
 import math
+import warnings
 
 import pytest
 import torch
@@ -202,3 +203,11 @@ def test_a_cache_for_generate_is_refused_with_the_lean_loop():
     assert TransformersGenerationConfig(loop="generate", cache_implementation="static").loop == "generate"
     with pytest.raises(ConfigError, match="must be lean or generate"):
         TransformersGenerationConfig(loop="fast")
+
+
+def test_it_calls_the_model_without_deprecated_arguments(model_and_prompts):
+    """transformers 5 renamed `past_key_values` to `cache` and warns at every call that uses the old name."""
+    model, tokenizer, prompts = model_and_prompts
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FutureWarning)
+        sample(model, prompts.input_ids, prompts.attention_mask, config(tokenizer, 4), with_logprobs=True)

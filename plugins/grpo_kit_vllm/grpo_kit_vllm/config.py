@@ -22,9 +22,9 @@ class VLLMServerConfig(GenerationConfig):
     # How weights reach the server after each optimizer step: nccl (GPUs, vLLM's NCCL engine), gloo (CPU, the test
     # server), auto: nccl when this process has CUDA.
     weight_transport: str = "auto"
-    # gloo only: where the server's workers meet this process (a TCPStore it opens). (NCCL finds its own way:
-    # NCCL_SOCKET_IFNAME.)
-    weight_sync_host: str | None = None  # gloo only: the address; null: the one this machine reaches the server from
+    # gloo only: where the server's workers meet this process (a TCPStore it opens, listening on that address alone;
+    # whoever joins it receives the weights). (NCCL finds its own way: NCCL_SOCKET_IFNAME.)
+    weight_sync_host: str | None = None  # gloo only: the address; null: 127.0.0.1, for a server on loopback only
     weight_sync_port: int | None = None  # gloo only: the port; null: a free one
     launch_args: list[str] = field(default_factory=list)  # extra `vllm serve` arguments with launch=vllm
     launch_env: dict | None = None  # environment of a started server, e.g. {CUDA_VISIBLE_DEVICES: "1"}

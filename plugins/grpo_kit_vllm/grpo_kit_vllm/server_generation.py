@@ -11,6 +11,7 @@ With several training processes only the main one talks to the server: it gather
 them as one batch, and hands each process the completions of its own prompts.
 """
 
+import ipaddress
 import logging
 import socket
 import tempfile
@@ -75,6 +76,8 @@ class VLLMServerGeneration:
                 "generation.weight_transport=nccl needs this process on a CUDA device; on CPU use gloo (with the test "
                 "server, generation.launch=test)."
             )
+        if self.transport == "gloo":
+            self.weight_sync_host = weight_sync_host(self.config)
         self.client = ServerClient(self.config.base_url, self.config.request_timeout, self.config.retries)
         on_main(accelerator, self._connect)
         self.update_weights(model, step=0)  # the server may hold other weights than the ones this run starts from
@@ -134,8 +137,7 @@ class VLLMServerGeneration:
             init_info = {"nccl_unique_id_b64": group.unique_id_b64, **wire}
             join = group.join
         else:
-            server_host, _ = host_and_port(self.config.base_url)
-            host = self.config.weight_sync_host or address_towards(server_host)
+            host = self.weight_sync_host
             port = self.config.weight_sync_port or free_port(host)
             init_info = {"master_address": host, "master_port": port, **wire}
             joined = {}
@@ -267,11 +269,22 @@ def split(samples: list, every: list[list]) -> list[list]:
     return shares
 
 
-def address_towards(host: str) -> str:
-    """This machine's address on the route to `host` (no packet is sent)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
-        probe.connect((socket.gethostbyname(host), 1))
-        return probe.getsockname()[0]
+def weight_sync_host(config: VLLMServerConfig) -> str:
+    """Where this process listens for the server's workers over gloo: loopback, unless the user opens it wider.
+
+    Whoever joins the group receives every weight sent: an address other machines reach is the user's choice."""
+    if config.weight_sync_host:
+        return config.weight_sync_host
+    server_host, _ = host_and_port(config.base_url)
+    if ipaddress.ip_address(socket.gethostbyname(server_host)).is_loopback:
+        return "127.0.0.1"
+    raise ConfigError(
+        f"The server at {config.base_url} is not on this machine's loopback, so its workers would join the "
+        "weight-transfer group over the network: set generation.weight_sync_host to an address of this machine they "
+        "reach. Anyone who reaches that address and port while the run lasts can join the group and receive the "
+        "weights: use it on a trusted network only. (A server on this machine: generation.base_url="
+        "http://127.0.0.1:PORT.)"
+    )
 
 
 def free_port(host: str) -> int:

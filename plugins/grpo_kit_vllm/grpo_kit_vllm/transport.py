@@ -10,12 +10,14 @@ The broadcasts themselves go through a group, the seam between GPUs and CPUs:
 - `NcclGroup` joins vLLM's workers through NCCL with a unique id minted here (vLLM's `nccl_unique_id_b64`
   rendezvous, meant for trainers that do not import vLLM), then matches vLLM's one-element warm-up all_reduce.
 - `GlooGroup` carries the same broadcasts between CPU processes (the test server, grpo_kit_vllm.testing.server),
-  meeting at a TCPStore that the trainer opens (vLLM's `master_address`/`master_port` rendezvous).
+  meeting at a TCPStore that the trainer opens (vLLM's `master_address`/`master_port` rendezvous), listening on
+  that address only.
 """
 
 import base64
 import datetime
 import hashlib
+import socket
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
@@ -116,8 +118,11 @@ class GlooGroup:
     def __init__(self, master_address: str, master_port: int, rank: int, world_size: int, timeout: float = 300.0):
         timeout = datetime.timedelta(seconds=timeout)
         # Rank 0 listens; everyone returns once all have joined, so the ranks must start concurrently.
-        store = torch.distributed.TCPStore(master_address, master_port, world_size, rank == 0, timeout=timeout)
-        self.group = torch.distributed.ProcessGroupGloo(store, rank, world_size, timeout)
+        if rank == 0:
+            self.group = listening_group(master_address, master_port, world_size, timeout)
+        else:
+            store = torch.distributed.TCPStore(master_address, master_port, world_size, False, timeout=timeout)
+            self.group = torch.distributed.ProcessGroupGloo(store, rank, world_size, timeout)
 
     def broadcast(self, tensor: torch.Tensor, src: int = 0) -> None:
         options = torch.distributed.BroadcastOptions()
@@ -126,6 +131,19 @@ class GlooGroup:
 
     def close(self) -> None:
         self.group = None
+
+
+def listening_group(address: str, port: int, world_size: int, timeout: datetime.timedelta):
+    """Rank 0's group, listening on `address` alone. Left to themselves, the TCPStore listens on every interface and
+    gloo on the one the host name resolves to; and whoever joins the group receives the weights."""
+    listener = socket.create_server((address, port))
+    store = torch.distributed.TCPStore(
+        address, port, world_size, True, timeout=timeout, master_listen_fd=listener.detach()  # the store closes it
+    )
+    options = torch.distributed.ProcessGroupGloo._Options()
+    options._devices = [torch.distributed.ProcessGroupGloo.create_device(hostname=address)]
+    options._timeout = timeout
+    return torch.distributed.ProcessGroupGloo(store, 0, world_size, options)
 
 
 class NcclGroup:

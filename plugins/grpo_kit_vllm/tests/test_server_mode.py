@@ -19,16 +19,21 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
+import psutil
 import pytest
 import torch
 from accelerate import Accelerator
 from omegaconf import MISSING
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import grpo_kit
+from grpo_kit.errors import ConfigError
 from grpo_kit.plugins import Registry, plugin_manager
 from grpo_kit.testing.contracts import GenerationContract, assert_contracts_cover
 from grpo_kit.testing.models import build_tiny_model
 from grpo_kit.testing.runs import tiny_run
+from grpo_kit_vllm.config import VLLMServerConfig
+from grpo_kit_vllm.server_generation import VLLMServerGeneration, weight_sync_host
 from grpo_kit_vllm.transport import digests
 from grpo_kit_vllm.weights import named_weights
 
@@ -186,6 +191,32 @@ def train_with_checksums(model_dir, server, tmp_path, *overrides) -> list[float]
     return [line["sampling/importance_sampling_ratio/mean"] for line in lines if "sampling/importance_sampling_ratio/mean" in line]
 
 
+def test_the_weight_sync_group_listens_on_loopback_alone_and_the_weights_arrive(model_dir, server):
+    """Whoever joins the group receives the weights: it must not listen on every interface, as a TCPStore would."""
+    model = AutoModelForCausalLM.from_pretrained(model_dir)
+    accelerator = Accelerator(cpu=True)
+    generation = VLLMServerGeneration(VLLMServerConfig(base_url=server.url))
+    generation.start(model, AutoTokenizer.from_pretrained(model_dir), accelerator)
+    try:
+        listening = [c.laddr for c in psutil.Process().net_connections("tcp") if c.status == psutil.CONN_LISTEN]
+        assert listening and {address.ip for address in listening} == {"127.0.0.1"}, listening
+        with torch.no_grad():
+            next(model.parameters()).add_(0.5)
+        generation.update_weights(model, step=1)
+        theirs = server.post("/weight_checker", {"action": "checksum"})["checksums"]
+        assert theirs == digests(named_weights(model, accelerator))
+    finally:
+        generation.close()
+
+
+def test_a_server_off_loopback_needs_the_weight_sync_address_chosen_explicitly():
+    assert weight_sync_host(VLLMServerConfig(base_url="http://localhost:8000")) == "127.0.0.1"
+    remote = "http://192.0.2.10:8000"
+    with pytest.raises(ConfigError, match="generation.weight_sync_host.*trusted network"):
+        weight_sync_host(VLLMServerConfig(base_url=remote))
+    assert weight_sync_host(VLLMServerConfig(base_url=remote, weight_sync_host="192.0.2.2")) == "192.0.2.2"
+
+
 def grpo_kit_command(*overrides: str) -> list[str]:
     return [sys.executable, "-m", "grpo_kit", *overrides]
 
@@ -306,7 +337,7 @@ def test_on_sigint_the_run_saves_and_stops_the_server_it_started_and_nothing_els
         time.sleep(0.2)
     trainer.send_signal(signal.SIGINT)  # as Ctrl-C does to the trainer; the server has its own process group
     output, _ = trainer.communicate(timeout=300)
-    assert trainer.returncode == 0 and "Stopped by SIGINT" in output, output[-3000:]
+    assert trainer.returncode == 130 and "Stopped by SIGINT" in output, output[-3000:]
     pid = int(re.search(r"Started the generation server \(pid (\d+)\)", output).group(1))
     with pytest.raises(ProcessLookupError):
         os.kill(pid, 0)
