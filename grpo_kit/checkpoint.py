@@ -32,6 +32,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from safetensors import SafetensorError
 
+from grpo_kit.config import is_main_process
 from grpo_kit.errors import ConfigError, InputFileError
 
 log = logging.getLogger(__name__)
@@ -189,7 +190,7 @@ def claim_run_directory(run_dir: Path, cfg: DictConfig) -> Path | None:
     if run_dir.resolve() in _claims:
         return _claims[run_dir.resolve()].checkpoint
     created = not run_dir.exists()
-    lock = lock_run_directory(run_dir) if is_main_process() else None
+    lock = lock_run_directory(run_dir) if is_main_process() else None  # the other processes share the main one's
     try:
         checkpoint = checkpoint_to_resume(run_dir, cfg)
     except BaseException:
@@ -204,12 +205,6 @@ def release_run_directory(run_dir: Path) -> None:
     claim = _claims.pop(Path(run_dir).resolve(), None)
     if claim is not None:
         unlock_run_directory(Path(run_dir), claim.lock, claim.created)
-
-
-def is_main_process() -> bool:
-    """Whether this is the process that locks the run directory: the other processes of a multi-process run (whose
-    RANK torchrun and accelerate launch set) share the main one's, and claim it before the accelerator exists."""
-    return os.environ.get("RANK", "0") == "0"
 
 
 def lock_run_directory(run_dir: Path) -> int:

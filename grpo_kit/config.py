@@ -534,9 +534,15 @@ def no_reward(registry: Registry) -> PluginError:
 def note_default_loss(cfg: DictConfig, overrides: list[str] | tuple[str, ...]) -> None:
     """Say so when the loss is the default one because the command line named none (`+loss=dapo` names it)."""
     named = any(override.key_or_group == "loss" for override in OverridesParser.create().parse_overrides(list(overrides)))
-    main_process = os.environ.get("RANK", "0") == "0"  # every process of a multi-process launch composes the config
-    if cfg.loss.name == DEFAULT_CHOICES["loss"] and not named and main_process:
+    # Every process of a multi-process launch composes the config; one says so.
+    if cfg.loss.name == DEFAULT_CHOICES["loss"] and not named and is_main_process():
         log.info("loss: %s, the default (choose another with +loss=NAME)", cfg.loss.name)
+
+
+def is_main_process() -> bool:
+    """Whether this is the main process of a launch, before the accelerator exists to say so: torchrun and
+    accelerate launch set RANK in every process they start; a process started alone has none."""
+    return os.environ.get("RANK", "0") == "0"
 
 
 def options(node: DictConfig) -> dict:
