@@ -7,7 +7,7 @@ import textwrap
 import pytest
 from accelerate.state import AcceleratorState, GradientState
 
-from grpo_kit.plugins import Registry, plugin_manager
+from grpo_kit.plugins.registry import Registry, plugin_manager
 from grpo_kit.testing import build_tiny_model
 
 
@@ -60,10 +60,10 @@ def local_plugin(tmp_path, monkeypatch):
 @pytest.fixture
 def plain_loss_registry(local_plugin):
     """The installed plugins and `plain_pg`, a loss class that declares nothing: no base class, no attributes, no
-    config, no Liger equivalent, so the core supplies every default grpo_kit/kinds.py gives."""
+    config, no Liger equivalent, so the core supplies every default grpo_kit/contract/kinds.py gives."""
     module = local_plugin("plain_pg_loss", """
         import grpo_kit
-        from grpo_kit.reductions import sequence_mean
+        from grpo_kit.contract.reductions import sequence_mean
 
         class PlainPG:
             def per_token_loss(self, inputs):

@@ -20,7 +20,7 @@ import time
 
 COMMANDS = {
     "python -m grpo_kit --help": [sys.executable, "-m", "grpo_kit", "--help"],
-    "grpo-kit plugins": [sys.executable, "-m", "grpo_kit.commands", "plugins"],
+    "grpo-kit plugins": [sys.executable, "-m", "grpo_kit.cli.commands", "plugins"],
     "python -m grpo_kit loss.epsilon=abc": [sys.executable, "-m", "grpo_kit", "loss.epsilon=abc"],
     "python -m grpo_kit +loss=nope": [sys.executable, "-m", "grpo_kit", "+loss=nope"],
     "import grpo_kit; grpo_kit.compose([])": [sys.executable, "-c", "import grpo_kit; grpo_kit.compose([])"],
@@ -48,9 +48,9 @@ def first_reward_batch() -> None:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from grpo_kit import embedded
-    from grpo_kit.plugins import Registry
-    from grpo_kit.scoring import Scorer
+    from grpo_kit.embedded import sums as embedded
+    from grpo_kit.plugins.registry import Registry
+    from grpo_kit.rollout.scoring import Scorer
 
     path = embedded.model_path()
     model, tokenizer = AutoModelForCausalLM.from_pretrained(path), AutoTokenizer.from_pretrained(path)

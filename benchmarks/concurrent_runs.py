@@ -6,7 +6,7 @@
 
 Each run is `python -m grpo_kit +reward=accuracy trainer.max_steps=STEPS` in a fresh process; its figure is the
 median of the `seconds_per_step` it logs, so that imports and the model's loading do not count. Two runs at once
-share the cores: each should take about its share of them (grpo_kit/threads.py), so a step should take at most
+share the cores: each should take about its share of them (grpo_kit/model/threads.py), so a step should take at most
 2.5 times as long as alone, where spinning OpenMP threads made it take 10 to 100 times as long. The last line
 says PASS or FAIL. Measure on an otherwise quiet machine: any other work on the cores changes both figures.
 """

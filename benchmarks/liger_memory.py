@@ -40,7 +40,7 @@ def measure(setting: str, args) -> dict:
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     import grpo_kit
-    from grpo_kit.policy_loss import PolicyLoss
+    from grpo_kit.objective.policy_loss import PolicyLoss
 
     torch.manual_seed(0)
     config = Qwen2Config(

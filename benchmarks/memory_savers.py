@@ -33,8 +33,8 @@ def measure(model_dir: str, setting: dict, batch: int, length: int, steps: int) 
     import torch
     from accelerate import Accelerator
 
-    from grpo_kit.config import LoraConfig, ModelConfig
-    from grpo_kit.modeling import load_model, per_token_logps_and_entropies
+    from grpo_kit.config.compose import LoraConfig, ModelConfig
+    from grpo_kit.model.loading import load_model, per_token_logps_and_entropies
 
     lora = LoraConfig(**setting.get("lora", {}))
     config = ModelConfig(name_or_path=model_dir, gradient_checkpointing=setting.get("gradient_checkpointing", False), lora=lora)

@@ -28,7 +28,7 @@ Every run gets one torch thread by default (`--threads`), so that other work on 
 rather than stalling OpenMP's threads at every barrier.
 
 The workloads share a Qwen2 of hidden 128 x 4 layers (intermediate 256, 4 heads, 2 KV heads; about 0.6M
-parameters with the 17-token character vocabulary of `grpo_kit.embedded`), built untrained from a fixed seed;
+parameters with the 17-token character vocabulary of `grpo_kit.embedded.sums`), built untrained from a fixed seed;
 "a+b=" prompts; 8 prompts x 8 completions per generation batch; the dapo loss; learning rate 1e-4; float32;
 temperature 1, top-p 1, no top-k; no gradient checkpointing, evaluation or checkpoints during training; the reward
 is the exact match of the completion with the sum (`sum_accuracy` below, the same function on both sides):
@@ -99,7 +99,7 @@ class Workload:
 
     @property
     def generation_kwargs(self) -> dict | None:
-        # Token 1 is the character tokenizer's EOS (grpo_kit.embedded: <pad>=0, <eos>=1); main() checks it.
+        # Token 1 is the character tokenizer's EOS (grpo_kit.embedded.sums: <pad>=0, <eos>=1); main() checks it.
         return {"suppress_tokens": [1]} if self.forced_length else None
 
 
@@ -197,17 +197,17 @@ def time_common_phases(timer: PhaseTimer) -> None:
 
 
 def time_grpo_kit_phases(timer: PhaseTimer) -> None:
-    import grpo_kit.policy_loss
-    import grpo_kit.scoring
-    import grpo_kit.trainer
+    import grpo_kit.objective.policy_loss
+    import grpo_kit.rollout.scoring
+    import grpo_kit.training.trainer
     import grpo_kit_transformers.generation
 
     time_common_phases(timer)
-    timer.wrap(grpo_kit.trainer, "generate_batch", "rollout")  # train() looks it up in the module at each call
+    timer.wrap(grpo_kit.training.trainer, "generate_batch", "rollout")  # train() looks it up in the module at each call
     timer.wrap(grpo_kit_transformers.generation.TransformersGeneration, "generate", "generate")
-    timer.wrap(grpo_kit.scoring.Scorer, "__call__", "score")
-    timer.wrap(grpo_kit.trainer.ReferenceQuantities, "add", "old/ref log-probs")
-    timer.wrap(grpo_kit.policy_loss.PolicyLoss, "__call__", "forward+loss")
+    timer.wrap(grpo_kit.rollout.scoring.Scorer, "__call__", "score")
+    timer.wrap(grpo_kit.training.trainer.ReferenceQuantities, "add", "old/ref log-probs")
+    timer.wrap(grpo_kit.objective.policy_loss.PolicyLoss, "__call__", "forward+loss")
 
 
 def time_trl_phases(timer: PhaseTimer, trainer_class) -> None:
@@ -421,7 +421,7 @@ def grpo_kit_profile_child() -> None:
     """`python -m grpo_kit ARGS` in this process, with its phases timed (--profile)."""
     sys.modules["race"] = sys.modules[__name__]  # GRPO_KIT_PLUGINS=race then finds these hooks and PHASES
     time_grpo_kit_phases(PHASES)
-    from grpo_kit.cli import main as grpo_kit_main
+    from grpo_kit.cli.main import main as grpo_kit_main
 
     sys.argv = ["grpo_kit", *sys.argv[sys.argv.index("--") + 1 :]]
     grpo_kit_main()
@@ -433,7 +433,7 @@ def grpo_kit_profile_child() -> None:
 
 def build_model(directory: Path) -> None:
     """The untrained Qwen2 every run starts from, with the embedded character tokenizer."""
-    from grpo_kit.embedded import build_tokenizer
+    from grpo_kit.embedded.sums import build_tokenizer
     from grpo_kit.testing import build_tiny_model
 
     tokenizer = build_tokenizer()
@@ -447,7 +447,7 @@ def build_model(directory: Path) -> None:
 
 
 def write_prompts(path: Path) -> None:
-    from grpo_kit.embedded import build_task
+    from grpo_kit.embedded.sums import build_task
 
     path.write_text("".join(json.dumps(row) + "\n" for row in build_task(NUM_PROMPTS)))
 

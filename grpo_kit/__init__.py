@@ -1,8 +1,8 @@
 """grpo_kit: GRPO-family reinforcement learning of language models, every variant a plugin.
 
 The public API: `compose` a config as the CLI would, `build_objective` and `build_advantage` from it, `train`
-it. Plugin authors use `hookimpl`, the protocols and the config and data types of `grpo_kit.kinds`, the errors,
-and, in hooks, the `Run` and `ScoredBatch` of `grpo_kit.pipeline` (docs/plugins/README.md says which modules a
+it. Plugin authors use `hookimpl`, the protocols and the config and data types of `grpo_kit.contract.kinds`, the errors,
+and, in hooks, the `Run` and `ScoredBatch` of `grpo_kit.contract.pipeline` (docs/plugins/README.md says which modules a
 plugin may import).
 """
 
@@ -10,10 +10,10 @@ __version__ = "0.1.0"
 
 import importlib
 
-from grpo_kit.config import compose
-from grpo_kit.errors import ConfigError, GenerationUnavailable, PluginError, RewardError, UserError
-from grpo_kit.hookspecs import hookimpl
-from grpo_kit.kinds import (
+from grpo_kit.config.compose import compose
+from grpo_kit.contract.errors import ConfigError, GenerationUnavailable, PluginError, RewardError, UserError
+from grpo_kit.contract.hookspecs import hookimpl
+from grpo_kit.contract.kinds import (
     Advantage,
     Completions,
     CustomRollout,
@@ -30,19 +30,19 @@ from grpo_kit.kinds import (
     RolloutCorrection,
     RolloutResult,
 )
-from grpo_kit.plugins import Registry
+from grpo_kit.plugins.registry import Registry
 
 # These load torch and transformers, so they are imported when first used, not with `import grpo_kit`: the CLI's
 # help and errors, `grpo-kit plugins`, `compose` and every plugin's registration stay free of them.
 _IMPORTED_ON_USE = {
-    "Run": "grpo_kit.pipeline",
-    "ScoredBatch": "grpo_kit.pipeline",
-    "build_advantage": "grpo_kit.builders",
-    "build_objective": "grpo_kit.objective",
-    "eos_mask": "grpo_kit.eos",
-    "eos_token_ids": "grpo_kit.eos",
-    "is_truncated": "grpo_kit.eos",
-    "train": "grpo_kit.trainer",
+    "Run": "grpo_kit.contract.pipeline",
+    "ScoredBatch": "grpo_kit.contract.pipeline",
+    "build_advantage": "grpo_kit.training.builders",
+    "build_objective": "grpo_kit.objective.objective",
+    "eos_mask": "grpo_kit.contract.eos",
+    "eos_token_ids": "grpo_kit.contract.eos",
+    "is_truncated": "grpo_kit.contract.eos",
+    "train": "grpo_kit.training.trainer",
 }
 
 

@@ -1,3 +1,3 @@
-from grpo_kit.cli import main
+from grpo_kit.cli.main import main
 
 main()

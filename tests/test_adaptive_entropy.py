@@ -17,11 +17,11 @@ from accelerate import Accelerator
 from transformers import AutoModelForCausalLM
 
 import grpo_kit
-from grpo_kit.objective import build_objective, high_entropy_mask, loss_mask
-from grpo_kit.policy_loss import build_policy_loss
+from grpo_kit.objective.objective import build_objective, high_entropy_mask, loss_mask
+from grpo_kit.objective.policy_loss import build_policy_loss
 from grpo_kit.testing import tiny_run
 from grpo_kit.testing.micro_batches import random_micro_batch
-from grpo_kit.trainer import Optimization
+from grpo_kit.training.trainer import Optimization
 
 STEPS, ACCUMULATION, LENGTH = 6, 2, 6
 CONTROL = [  # the coefficient starts at 0.03 and is clamped to [0.01, 0.06] within a few steps

@@ -46,3 +46,53 @@ def test_core_names_no_plugin_in_its_code():
     names = {"grpo_kit_losses", "grpo_kit_importance", "grpo_kit_advantages", "grpo_kit_rewards"}
     for path in CORE.rglob("*.py"):
         assert not any(name in path.read_text() for name in names), path
+
+
+# The layers from the bottom up: a module may import its own layer and those below it, never one above.
+# docs/architecture.md draws them.
+LAYERS = ["contract", "embedded", "plugins", "config", "model", "objective", "rollout", "outputs", "report", "training",
+          "cli", "testing"]
+
+
+def grpo_kit_imports(path: Path) -> list[tuple[int, str]]:
+    """(line, module) of every grpo_kit module `path` imports, at the top or inside a function."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names = [f"{node.module}.{alias.name}" for alias in node.names] if node.module == "grpo_kit" else []
+            found += [(node.lineno, module) for module in [node.module, *names]]
+        elif isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name) for alias in node.names]
+    return [(line, module) for line, module in found if module.startswith("grpo_kit.")]
+
+
+def test_every_module_lives_in_a_layer():
+    loose = {path.name for path in CORE.glob("*.py")} - {"__init__.py", "__main__.py"}
+    assert loose == set(), "put each module in the sub-package of its layer"
+    assert {path.name for path in CORE.iterdir() if (path / "__init__.py").exists()} == set(LAYERS)
+
+
+def test_imports_go_only_downward():
+    upward = []
+    for path in CORE.rglob("*.py"):
+        parts = path.relative_to(CORE).parts
+        if len(parts) == 1:  # grpo_kit/__init__.py exports the public API; __main__.py runs the CLI
+            continue
+        for line, module in grpo_kit_imports(path):
+            imported = module.split(".")[1]
+            if imported in LAYERS and LAYERS.index(imported) > LAYERS.index(parts[0]):
+                upward.append(f"{path.relative_to(CORE.parent)}:{line} ({parts[0]}) imports {module} ({imported})")
+    assert upward == []
+
+
+def test_the_layer_test_sees_an_upward_import(tmp_path):
+    module = tmp_path / "leaky.py"
+    module.write_text("def f():\n    from grpo_kit.training.loop import train\n")
+    assert grpo_kit_imports(module) == [(2, "grpo_kit.training.loop")]
+
+
+def test_no_layer_shadows_a_public_name():
+    """`grpo_kit.train` is the function: a sub-package of that name would replace it once imported."""
+    import grpo_kit
+
+    assert set(LAYERS) & set(grpo_kit.__all__) == set()

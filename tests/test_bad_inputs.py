@@ -11,10 +11,10 @@ import pytest
 import torch
 
 import grpo_kit
-from grpo_kit import checkpoint
-from grpo_kit.config import DataConfig
-from grpo_kit.data import load_prompts
-from grpo_kit.errors import ConfigError, InputFileError
+from grpo_kit.config.compose import DataConfig
+from grpo_kit.contract.errors import ConfigError, InputFileError
+from grpo_kit.outputs import checkpoints as checkpoint
+from grpo_kit.rollout.prompts import load_prompts
 
 
 def tiny(tiny_model, *extra):
@@ -92,7 +92,7 @@ def test_tokenizer_without_pad_token_pads_with_eos(registry, tmp_path, caplog):
 
 
 def test_non_finite_loss_skips_steps_then_saves_and_stops(registry, tiny_model, tmp_path, monkeypatch, caplog):
-    from grpo_kit import objective
+    from grpo_kit.objective import objective
 
     real = objective.Objective.__call__
     monkeypatch.setattr(objective.Objective, "__call__", lambda self, *a, **k: _nan_loss(real(self, *a, **k)))
@@ -128,7 +128,7 @@ def test_full_disk_while_saving_keeps_the_previous_checkpoint(registry, tiny_mod
 
 def never_loaded(monkeypatch):
     """Make loading a model fail the test: the error under test must come first."""
-    from grpo_kit import trainer
+    from grpo_kit.training import trainer
 
     def load_model(*args, **kwargs):
         raise AssertionError("the model was loaded before the bad input was found")

@@ -8,10 +8,9 @@ import torch
 from transformers import AutoModelForCausalLM
 
 import grpo_kit
-from grpo_kit import causal_attention
-from grpo_kit.batching import group_by_length, moves_before_use, split
-from grpo_kit.errors import ConfigError
-from grpo_kit.modeling import (
+from grpo_kit.contract.errors import ConfigError
+from grpo_kit.model.fast import causal_attention
+from grpo_kit.model.loading import (
     OutputHead,
     _logps_and_entropies_of_logits,
     last_hidden_states,
@@ -19,9 +18,10 @@ from grpo_kit.modeling import (
     model_inputs,
     per_token_logps_and_entropies,
 )
-from grpo_kit.policy_loss import build_policy_loss
+from grpo_kit.objective.policy_loss import build_policy_loss
 from grpo_kit.testing import tiny_run
-from grpo_kit.trainer import Optimization
+from grpo_kit.training.batches import group_by_length, moves_before_use, split
+from grpo_kit.training.trainer import Optimization
 
 TOLERANCE = 1e-5  # relative, on each parameter's gradient: the split changes only the order of float sums
 

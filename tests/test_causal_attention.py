@@ -7,9 +7,13 @@ import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-from grpo_kit import causal_attention
-from grpo_kit.causal_attention import CHUNKED_CAUSAL, chunked_causal_attention, chunked_causal_attention_on_cpu
-from grpo_kit.modeling import enable_checkpointing
+from grpo_kit.model.fast import causal_attention
+from grpo_kit.model.fast.causal_attention import (
+    CHUNKED_CAUSAL,
+    chunked_causal_attention,
+    chunked_causal_attention_on_cpu,
+)
+from grpo_kit.model.loading import enable_checkpointing
 
 
 class Layer(torch.nn.Module):

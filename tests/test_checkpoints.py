@@ -15,8 +15,8 @@ from omegaconf import OmegaConf
 from safetensors.torch import load_file
 
 import grpo_kit
-from grpo_kit import checkpoint
-from grpo_kit.errors import ConfigError, InputFileError
+from grpo_kit.contract.errors import ConfigError, InputFileError
+from grpo_kit.outputs import checkpoints as checkpoint
 from grpo_kit.testing import tiny_run
 
 
@@ -114,7 +114,7 @@ def test_a_full_disk_removes_the_partial_checkpoint_and_names_the_intact_one(
 
 
 def test_a_traceback_that_error_txt_cannot_hold_reaches_the_console(tmp_path, caplog):
-    from grpo_kit.cli import write_error_file
+    from grpo_kit.cli.main import write_error_file
 
     (tmp_path / "error.txt").mkdir()  # unwritable, as on the full disk that failed the run
     write_error_file(tmp_path, "Traceback (most recent call last):\n"
@@ -125,7 +125,7 @@ def test_a_traceback_that_error_txt_cannot_hold_reaches_the_console(tmp_path, ca
 HOLD_THE_LOCK = textwrap.dedent("""
     import sys
     from pathlib import Path
-    from grpo_kit.checkpoint import lock_run_directory
+    from grpo_kit.outputs.checkpoints import lock_run_directory
 
     lock_run_directory(Path(sys.argv[1]))
     print("locked", flush=True)

@@ -6,9 +6,9 @@ import torch
 from transformers import AutoModelForCausalLM, Gemma2Config, Gemma2ForCausalLM
 
 import grpo_kit
-from grpo_kit.errors import ConfigError
-from grpo_kit.modeling import load_reference_model
-from grpo_kit.policy_loss import PolicyLoss, build_policy_loss
+from grpo_kit.contract.errors import ConfigError
+from grpo_kit.model.loading import load_reference_model
+from grpo_kit.objective.policy_loss import PolicyLoss, build_policy_loss
 from grpo_kit.testing import build_tiny_model, tiny_run
 from grpo_kit.testing.micro_batches import add_reference_quantities, loss_and_gradients, random_micro_batch
 
@@ -144,7 +144,7 @@ def test_an_untied_head_and_temperature(registry, tmp_path):
 
 
 def test_a_float32_head_under_bf16_autocast(registry, tmp_path):
-    from grpo_kit.modeling import cast_lm_head_to_fp32
+    from grpo_kit.model.loading import cast_lm_head_to_fp32
 
     untied = build_tiny_model(tmp_path / "untied", tie_word_embeddings=False)
     full, chunked = policy_losses(registry, ["+loss=grpo"])
@@ -158,7 +158,7 @@ def test_a_float32_head_under_bf16_autocast(registry, tmp_path):
 
 
 def test_mixed_precision_runs_the_head_as_the_model_does(registry, tiny_model):
-    from grpo_kit.modeling import OutputHead, last_hidden_states
+    from grpo_kit.model.loading import OutputHead, last_hidden_states
 
     full, chunked = policy_losses(registry, ["+loss=dapo", "algorithm.entropy_coef=0.01"])
     model = load(tiny_model)
@@ -192,8 +192,8 @@ def test_a_model_whose_logits_are_not_its_heads_output_is_refused(registry, tiny
 
 def test_a_lora_policy_and_its_adapter_free_reference(registry, tiny_model):
     pytest.importorskip("peft")
-    from grpo_kit.config import LoraConfig
-    from grpo_kit.lora import add_adapters
+    from grpo_kit.config.compose import LoraConfig
+    from grpo_kit.model.lora import add_adapters
 
     full, chunked = policy_losses(registry, ["+loss=bnpo", "algorithm.beta=0.1"])
     model = add_adapters(load(tiny_model), LoraConfig(dropout=0.0))
@@ -214,11 +214,11 @@ def test_a_lora_policy_and_its_adapter_free_reference(registry, tiny_model):
 
 
 def test_a_plugin_loss_the_core_does_not_know(registry, local_plugin, tiny_model):
-    from grpo_kit.plugins import Registry, plugin_manager
+    from grpo_kit.plugins.registry import Registry, plugin_manager
 
     module = local_plugin("square_loss", """
         import grpo_kit
-        from grpo_kit.reductions import local_token_mean
+        from grpo_kit.contract.reductions import local_token_mean
 
         class SquareLoss:
             importance_sampling_level = None
@@ -259,15 +259,15 @@ def test_the_options_compose_and_a_wrong_one_is_refused(registry, tiny_model):
 def test_a_run_with_chunked_logits_trains_the_plain_runs_weights(digits_registry, tiny_model, tmp_path, monkeypatch):
     from safetensors.torch import load_file
 
-    import grpo_kit.policy_loss
+    import grpo_kit.objective.policy_loss
 
     calls = []
-    chunked = grpo_kit.policy_loss.chunked_logps_and_entropies
-    monkeypatch.setattr(grpo_kit.policy_loss, "chunked_logps_and_entropies", lambda *a, **k: calls.append(1) or chunked(*a, **k))
+    chunked = grpo_kit.objective.policy_loss.chunked_logps_and_entropies
+    monkeypatch.setattr(grpo_kit.objective.policy_loss, "chunked_logps_and_entropies", lambda *a, **k: calls.append(1) or chunked(*a, **k))
     for name, extra in [("full", []), ("chunked", ["model.logits=chunked", "model.logits_chunk_size=16"])]:
         overrides = tiny_run(tiny_model, "+reward=digits", "algorithm.beta=0.1", "algorithm.num_iterations=2", *extra)
         grpo_kit.train(grpo_kit.compose(overrides, digits_registry), tmp_path / name, digits_registry)
-    assert calls, "the trainer does not build its PolicyLoss with grpo_kit.policy_loss.build_policy_loss(cfg, objective)"
+    assert calls, "the trainer does not build its PolicyLoss with grpo_kit.objective.policy_loss.build_policy_loss(cfg, objective)"
     plain = load_file(tmp_path / "full" / "model" / "model.safetensors")
     trained = load_file(tmp_path / "chunked" / "model" / "model.safetensors")
     for name in plain:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from grpo_kit.commands import COMMANDS, build_parser, hydra_value, main
+from grpo_kit.cli.commands import COMMANDS, build_parser, hydra_value, main
 
 ROOT = Path(__file__).parents[1]
 
@@ -124,7 +124,7 @@ def test_no_command_prints_the_commands(capsys):
 
 def test_the_console_script_is_this_program():
     declared = re.search(r'^grpo-kit = "(.*)"$', (ROOT / "pyproject.toml").read_text(), re.MULTILINE).group(1)
-    assert declared == "grpo_kit.commands:main"
+    assert declared == "grpo_kit.cli.commands:main"
     installed = [ep.value for ep in importlib.metadata.entry_points(group="console_scripts", name="grpo-kit")]
     assert installed == [declared], (
         f"the installed grpo-kit script runs {installed}, pyproject.toml declares {declared}: "

@@ -10,16 +10,16 @@ from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 
 import grpo_kit
-from grpo_kit.builders import build_rewards
-from grpo_kit.config import (
+from grpo_kit.config.compose import (
     DEFAULT_CHOICES,
     SINGLE_CHOICE_KINDS,
     check_a_reward_may_be_chosen,
     check_choices,
     with_presets,
 )
-from grpo_kit.errors import ConfigError, PluginError
-from grpo_kit.plugins import Registry, plugin_manager
+from grpo_kit.contract.errors import ConfigError, PluginError
+from grpo_kit.plugins.registry import Registry, plugin_manager
+from grpo_kit.training.builders import build_rewards
 
 SET_BY_EMBEDDED_PRESET = {("generation", "num_generations"), ("generation", "max_completion_length")}
 
@@ -65,7 +65,7 @@ def test_only_the_main_process_calls_the_loss_the_default(registry, caplog, monk
 
 
 def test_a_forgotten_reward_is_refused_before_hydra_composes(tmp_path, monkeypatch):
-    from grpo_kit import cli
+    from grpo_kit.cli import main as cli
 
     monkeypatch.setattr(sys, "argv", ["grpo_kit", "+loss=grpo", f"hydra.run.dir={tmp_path / 'run'}"])
     monkeypatch.setattr(cli, "store_configs", lambda registry: pytest.fail("Hydra was set up"))
@@ -132,7 +132,7 @@ def test_misspelled_field_is_rejected_by_name(registry):
 def test_the_cli_refuses_a_misspelt_option_at_once_with_the_closest_ones(
     tmp_path, monkeypatch, capsys, override, message
 ):
-    from grpo_kit import cli
+    from grpo_kit.cli import main as cli
 
     monkeypatch.setattr(sys, "argv", ["grpo_kit", "+reward=accuracy", override, f"hydra.run.dir={tmp_path / 'run'}"])
     with pytest.raises(SystemExit) as exit_:

@@ -1,7 +1,7 @@
 """Every shell command in README.md and docs/ that runs grpo_kit works as the docs write it.
 
 The commands are read from the docs' fenced code blocks and run in this process, through the entry points the
-shell would run (`python -m grpo_kit`: grpo_kit.cli.main; `grpo-kit`: grpo_kit.commands.main), each as a short
+shell would run (`python -m grpo_kit`: grpo_kit.cli.main.main; `grpo-kit`: grpo_kit.cli.commands.main), each as a short
 version of itself: one optimizer step, into a temporary directory. A command the docs add is run by default; the
 ones that cannot run here are in SKIPPED, each with the reason.
 """
@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from grpo_kit import cli, commands
+from grpo_kit.cli import commands
+from grpo_kit.cli import main as cli
 
 ROOT = Path(__file__).parents[1]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]

@@ -9,12 +9,12 @@ The model's attention dropout is 1.0: it drops every attention weight, so a trai
 import json
 
 import grpo_kit
-from grpo_kit.plugins import Registry, plugin_manager
+from grpo_kit.plugins.registry import Registry, plugin_manager
 from grpo_kit.testing import build_tiny_model, tiny_run
 
 LOG_RATIO_PROBE = """
     import grpo_kit
-    from grpo_kit.reductions import sequence_mean
+    from grpo_kit.contract.reductions import sequence_mean
 
     class LogRatioProbe:
         '''A policy gradient that reports how far the old log-probs are from the trained ones.'''

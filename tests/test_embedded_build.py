@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from grpo_kit import embedded
+from grpo_kit.embedded import sums as embedded
 
 
 @pytest.fixture
@@ -21,7 +21,7 @@ def test_a_build_says_what_it_builds_that_it_does_so_once_and_where_and_shows_it
     cache, caplog, capsys, monkeypatch
 ):
     monkeypatch.setattr(sys.stderr, "isatty", lambda: True)  # the bar shows on a terminal
-    with caplog.at_level(logging.INFO, logger="grpo_kit.embedded"):
+    with caplog.at_level(logging.INFO, logger="grpo_kit.embedded.sums"):
         path = embedded.model_path()
     assert f"Building the embedded model 'sums', once: later runs load it from {path}" in caplog.text
     assert "Pretraining the embedded model (3 steps): 100%" in capsys.readouterr().err

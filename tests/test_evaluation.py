@@ -9,12 +9,13 @@ import torch
 from safetensors.torch import load_file
 
 import grpo_kit
-from grpo_kit import embedded, embedded_tool_use
-from grpo_kit.config import DataConfig, EvalConfig
-from grpo_kit.data import load_prompts
-from grpo_kit.errors import ConfigError
-from grpo_kit.evaluation import load_eval_prompts
-from grpo_kit.plugins import Registry, plugin_manager
+from grpo_kit.config.compose import DataConfig, EvalConfig
+from grpo_kit.contract.errors import ConfigError
+from grpo_kit.embedded import sums as embedded
+from grpo_kit.embedded import tool_use as embedded_tool_use
+from grpo_kit.plugins.registry import Registry, plugin_manager
+from grpo_kit.rollout.evaluation import load_eval_prompts
+from grpo_kit.rollout.prompts import load_prompts
 from grpo_kit.testing import tiny_run
 
 

@@ -1,4 +1,4 @@
-"""Where a completion ends (grpo_kit/eos.py), as TRL decides it: at every EOS id of the model's generation config
+"""Where a completion ends (grpo_kit/contract/eos.py), as TRL decides it: at every EOS id of the model's generation config
 and the tokenizer's, in the tool loop and custom rollouts too; and it is truncated only when its last token is
 neither an EOS nor the pad token."""
 
@@ -9,11 +9,11 @@ import torch
 from accelerate import Accelerator
 
 import grpo_kit
-from grpo_kit.embedded_tool_use import build_tokenizer
-from grpo_kit.eos import eos_mask, eos_token_ids, is_truncated
-from grpo_kit.kinds import Completions
+from grpo_kit.contract.eos import eos_mask, eos_token_ids, is_truncated
+from grpo_kit.contract.kinds import Completions
+from grpo_kit.embedded.tool_use import build_tokenizer
+from grpo_kit.rollout.tool_use import ToolUse
 from grpo_kit.testing import tiny_run
-from grpo_kit.tool_use import ToolUse
 
 
 def test_the_set_is_the_tokenizers_eos_then_the_generation_configs():
@@ -76,7 +76,7 @@ def test_a_turn_ended_by_the_generation_configs_other_eos_runs_its_tool_call_and
 
 PAD_ENDING_ROLLOUT = """
     import grpo_kit
-    from grpo_kit.kinds import RolloutResult
+    from grpo_kit.contract.kinds import RolloutResult
 
     class PadEnding:
         '''Completions that ran to the length limit and happen to end on the pad token: "1<pad>" or "2<pad>".'''
@@ -104,7 +104,7 @@ PAD_ENDING_ROLLOUT = """
 
 
 def test_a_completion_ending_in_a_sampled_pad_token_is_not_clipped_and_is_trained_on(local_plugin, tiny_model, tmp_path):
-    from grpo_kit.plugins import Registry, plugin_manager
+    from grpo_kit.plugins.registry import Registry, plugin_manager
 
     registry = Registry(plugin_manager(local_modules=[local_plugin("pad_ending_rollout", PAD_ENDING_ROLLOUT)]))
     cfg = grpo_kit.compose(tiny_run(tiny_model, "+rollout=pad_ending", "+reward=says_one", "trainer.max_steps=1",

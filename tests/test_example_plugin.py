@@ -24,7 +24,7 @@ ROOT = Path(__file__).parents[1]
 
 def test_grpo_kit_plugins_lists_it_beside_the_built_ins(registry):  # registry: no GRPO_KIT_* variables
     out = subprocess.run(
-        [sys.executable, "-m", "grpo_kit.commands", "plugins", "--json"], check=True, capture_output=True, text=True
+        [sys.executable, "-m", "grpo_kit.cli.commands", "plugins", "--json"], check=True, capture_output=True, text=True
     ).stdout
     distributions = {(p["kind"], p["name"]): p["distribution"] for p in json.loads(out)}
     assert distributions["loss", "gpg"] == EXAMPLE

@@ -11,12 +11,12 @@ import shutil
 import sys
 from pathlib import Path
 
-import grpo_kit.config
-from grpo_kit import cli
-from grpo_kit.commands import main as grpo_kit_command
-from grpo_kit.config import DEFAULT_CHOICES, NOT_PRESETS, PRESETS_MODULE
-from grpo_kit.inventory import field_help
-from grpo_kit.kinds import KINDS
+import grpo_kit.config.compose
+from grpo_kit.cli import main as cli
+from grpo_kit.cli.commands import main as grpo_kit_command
+from grpo_kit.config.compose import DEFAULT_CHOICES, NOT_PRESETS, PRESETS_MODULE
+from grpo_kit.contract.kinds import KINDS
+from grpo_kit.plugins.inventory import field_help
 
 ROOT = Path(__file__).parents[1]
 BUILT_IN_DISTRIBUTIONS = [
@@ -78,7 +78,7 @@ def test_a_new_preset_or_group_is_listed_without_a_change_to_the_code(registry, 
     (conf / "curriculum").mkdir()
     (conf / "curriculum" / "easy_first.yaml").write_text("# @package _global_\nseed: 2\n")
     monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.setattr(grpo_kit.config, "PRESETS_MODULE", "my_conf")
+    monkeypatch.setattr(grpo_kit.config.compose, "PRESETS_MODULE", "my_conf")
 
     text = cli.help_text([], registry)
 
@@ -211,12 +211,12 @@ def without_help(options) -> list[str]:
 
 
 def test_every_option_a_built_in_plugin_declares_has_help(registry):
-    options = [option for option in plugin_options(registry) if option[2].__module__ != "grpo_kit.kinds"]
+    options = [option for option in plugin_options(registry) if option[2].__module__ != "grpo_kit.contract.kinds"]
     assert len(options) > 50
     assert without_help(options) == [], "explain each option in a comment on its line (docs/plugins/README.md)"
 
 
 def test_every_option_the_core_gives_plugins_has_help(registry):
-    options = [option for option in plugin_options(registry) if option[2].__module__ == "grpo_kit.kinds"]
+    options = [option for option in plugin_options(registry) if option[2].__module__ == "grpo_kit.contract.kinds"]
     assert {field.name for _, field, _ in options} >= {"weight", "num_generations", "temperature"}
-    assert without_help(options) == [], "explain each field in a comment on its line in grpo_kit/kinds.py"
+    assert without_help(options) == [], "explain each field in a comment on its line in grpo_kit/contract/kinds.py"

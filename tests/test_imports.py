@@ -10,7 +10,7 @@ import textwrap
 import pytest
 
 import grpo_kit
-from grpo_kit.plugins import ENTRY_POINT_GROUP
+from grpo_kit.plugins.registry import ENTRY_POINT_GROUP
 
 HEAVY = ("torch", "transformers", "accelerate", "peft", "datasets", "math_verify", "trl", "numpy")
 
@@ -57,7 +57,7 @@ def test_the_cli_answers_without_loading_anything_heavy(argv, tmp_path):
 
 
 def test_listing_the_plugins_loads_nothing_heavy():
-    assert heavy_modules_after("from grpo_kit.commands import main; main(['plugins', '--json'])") == []
+    assert heavy_modules_after("from grpo_kit.cli.commands import main; main(['plugins', '--json'])") == []
 
 
 def test_no_entry_point_module_imports_torch():
@@ -73,10 +73,11 @@ def test_no_entry_point_module_imports_torch():
 
 
 def test_the_heavy_public_names_import_when_used():
-    from grpo_kit import Run, ScoredBatch, build_advantage, build_objective, pipeline, train
-    from grpo_kit.builders import build_advantage as advantage_builder
-    from grpo_kit.objective import build_objective as objective_builder
-    from grpo_kit.trainer import train as trainer_train
+    from grpo_kit import Run, ScoredBatch, build_advantage, build_objective, train
+    from grpo_kit.contract import pipeline
+    from grpo_kit.objective.objective import build_objective as objective_builder
+    from grpo_kit.training.builders import build_advantage as advantage_builder
+    from grpo_kit.training.trainer import train as trainer_train
 
     assert (build_advantage, build_objective, train) == (advantage_builder, objective_builder, trainer_train)
     assert (Run, ScoredBatch) == (pipeline.Run, pipeline.ScoredBatch)

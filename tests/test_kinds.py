@@ -1,4 +1,4 @@
-"""The contract in grpo_kit/kinds.py: every attribute the core reads of a plugin has its default there, whether the
+"""The contract in grpo_kit/contract/kinds.py: every attribute the core reads of a plugin has its default there, whether the
 plugin subclasses its kind's protocol or not."""
 
 import json
@@ -6,21 +6,21 @@ import json
 import torch
 
 import grpo_kit
-from grpo_kit.kinds import PROTOCOLS, TRAITS, declared
-from grpo_kit.plugins import REGISTER_HOOK_OF_KIND, Registry, plugin_manager
+from grpo_kit.contract.kinds import PROTOCOLS, TRAITS, declared
+from grpo_kit.plugins.registry import REGISTER_HOOK_OF_KIND, Registry, plugin_manager
 from grpo_kit.testing import tiny_run
 
 
 def test_every_trait_has_a_default_in_its_kinds_protocol():
     for kind, names in TRAITS.items():
         for name in names:
-            assert hasattr(PROTOCOLS[kind], name), f"grpo_kit.kinds.{PROTOCOLS[kind].__name__} lacks {name}"
+            assert hasattr(PROTOCOLS[kind], name), f"grpo_kit.contract.kinds.{PROTOCOLS[kind].__name__} lacks {name}"
 
 
 def test_a_subclass_without_options_is_built_without_a_config(local_plugin):
     hooks = "\n".join(
         f"@grpo_kit.hookimpl\ndef {REGISTER_HOOK_OF_KIND[kind]}(register):\n"
-        f"    register('without_options', type('WithoutOptions', (grpo_kit.kinds.{protocol.__name__},), {{}}))\n"
+        f"    register('without_options', type('WithoutOptions', (grpo_kit.contract.kinds.{protocol.__name__},), {{}}))\n"
         for kind, protocol in PROTOCOLS.items()
     )
     registry = Registry(plugin_manager(local_modules=[local_plugin("without_options", f"import grpo_kit\n{hooks}")]))

@@ -4,8 +4,8 @@ import sys
 
 import pytest
 
-from grpo_kit.errors import PluginError
-from grpo_kit.plugins import Registry, plugin_manager
+from grpo_kit.contract.errors import PluginError
+from grpo_kit.plugins.registry import Registry, plugin_manager
 
 LOSS_MODULE = """
     from grpo_kit_losses.dapo import DAPO

@@ -14,7 +14,7 @@ import torch
 from transformers import AutoModelForCausalLM, Gemma2Config, Gemma2ForCausalLM
 
 import grpo_kit
-from grpo_kit.policy_loss import PolicyLoss
+from grpo_kit.objective.policy_loss import PolicyLoss
 from grpo_kit.testing import build_tiny_model, tiny_run
 from grpo_kit.testing.micro_batches import add_reference_quantities, loss_and_gradients, random_micro_batch
 
@@ -134,7 +134,7 @@ def test_liger_divides_as_the_plugin_does_under_accumulation(registry, tiny_mode
     ],
 )
 def test_what_liger_lacks_falls_back_to_the_chunked_path_and_says_why_once(registry, tiny_model, caplog, option, reason):
-    with caplog.at_level(logging.WARNING, logger="grpo_kit.policy_loss"):
+    with caplog.at_level(logging.WARNING, logger="grpo_kit.objective.policy_loss"):
         liger, plain = liger_and_plain(registry, ["+loss=dapo", "algorithm.beta=0.1", option])
         model = AutoModelForCausalLM.from_pretrained(tiny_model)
         for seed in (0, 1):
@@ -147,7 +147,7 @@ def test_what_liger_lacks_falls_back_to_the_chunked_path_and_says_why_once(regis
 
 @needs_liger
 def test_a_plugin_loss_without_a_liger_equivalent_gets_the_chunked_path(plain_loss_registry, tiny_model, caplog):
-    with caplog.at_level(logging.WARNING, logger="grpo_kit.policy_loss"):
+    with caplog.at_level(logging.WARNING, logger="grpo_kit.objective.policy_loss"):
         liger, plain = liger_and_plain(plain_loss_registry, ["+loss=plain_pg"])
     assert "declares no Liger equivalent" in caplog.text
     compare(liger, plain, AutoModelForCausalLM.from_pretrained(tiny_model))
@@ -163,12 +163,12 @@ def test_a_plugin_loss_without_a_liger_equivalent_gets_the_chunked_path(plain_lo
     ],
 )
 def test_a_wrong_declaration_is_caught_before_it_trains(local_plugin, tiny_model, caplog, module_name, declared, reason):
-    from grpo_kit.plugins import Registry, plugin_manager
+    from grpo_kit.plugins.registry import Registry, plugin_manager
 
     module = local_plugin(module_name, f"""
         import grpo_kit
-        from grpo_kit.kinds import LigerLoss
-        from grpo_kit.reductions import global_token_mean
+        from grpo_kit.contract.kinds import LigerLoss
+        from grpo_kit.contract.reductions import global_token_mean
 
         class Unclipped:  # dapo's reduction of the unclipped surrogate, declared as Liger's (clipped) dapo
             importance_sampling_level = None
@@ -194,7 +194,7 @@ def test_a_wrong_declaration_is_caught_before_it_trains(local_plugin, tiny_model
             register("unclipped", Unclipped)
     """)
     registry = Registry(plugin_manager(local_modules=[module]))
-    with caplog.at_level(logging.WARNING, logger="grpo_kit.policy_loss"):
+    with caplog.at_level(logging.WARNING, logger="grpo_kit.objective.policy_loss"):
         liger, plain = liger_and_plain(registry, ["+loss=unclipped"])
         compare(liger, plain, AutoModelForCausalLM.from_pretrained(tiny_model), dict(old=True))
     assert liger.last_path == "chunked" and reason in caplog.text
@@ -202,7 +202,7 @@ def test_a_wrong_declaration_is_caught_before_it_trains(local_plugin, tiny_model
 
 @needs_liger
 def test_an_untied_head_and_a_float32_head(registry, tmp_path):
-    from grpo_kit.modeling import cast_lm_head_to_fp32
+    from grpo_kit.model.loading import cast_lm_head_to_fp32
 
     untied = build_tiny_model(tmp_path / "untied", tie_word_embeddings=False)
     liger, plain = liger_and_plain(registry, ["+loss=grpo", "algorithm.beta=0.1"])
@@ -221,8 +221,8 @@ def test_an_untied_head_and_a_float32_head(registry, tmp_path):
 @needs_liger
 def test_a_lora_policy(registry, tiny_model):
     pytest.importorskip("peft")
-    from grpo_kit.config import LoraConfig
-    from grpo_kit.lora import add_adapters
+    from grpo_kit.config.compose import LoraConfig
+    from grpo_kit.model.lora import add_adapters
 
     model = add_adapters(AutoModelForCausalLM.from_pretrained(tiny_model), LoraConfig(dropout=0.0))
     torch.manual_seed(0)
@@ -255,7 +255,7 @@ def test_soft_capped_logits_get_the_chunked_path(registry, caplog):
         num_key_value_heads=1, head_dim=8, final_logit_softcapping=0.5, pad_token_id=0,
     )
     liger, plain = liger_and_plain(registry, ["+loss=dapo"])
-    with caplog.at_level(logging.WARNING, logger="grpo_kit.policy_loss"):
+    with caplog.at_level(logging.WARNING, logger="grpo_kit.objective.policy_loss"):
         compare(liger, plain, Gemma2ForCausalLM(config))
     assert liger.last_path == "chunked" and "final_logit_softcapping" in caplog.text
 
@@ -271,7 +271,7 @@ def test_without_liger_kernel_the_option_says_how_to_install_it(registry, monkey
 
 @needs_liger
 def test_a_run_with_liger_takes_the_plain_runs_first_step(digits_registry, tiny_model, tmp_path, monkeypatch):
-    from grpo_kit.liger import FusedGRPOLoss
+    from grpo_kit.objective.liger import FusedGRPOLoss
 
     calls = []
     fused = FusedGRPOLoss.__call__
@@ -281,7 +281,7 @@ def test_a_run_with_liger_takes_the_plain_runs_first_step(digits_registry, tiny_
         overrides = tiny_run(tiny_model, "+reward=digits", "+loss=grpo", "algorithm.beta=0.1", *extra)
         grpo_kit.train(grpo_kit.compose(overrides, digits_registry), tmp_path / name, digits_registry)
         first_steps[name] = json.loads((tmp_path / name / "metrics.jsonl").read_text().splitlines()[0])
-    assert calls, "the trainer does not build its PolicyLoss with grpo_kit.policy_loss.build_policy_loss(cfg, objective)"
+    assert calls, "the trainer does not build its PolicyLoss with grpo_kit.objective.policy_loss.build_policy_loss(cfg, objective)"
     # One step's numbers agree; later ones stray by Adam's amplification of ~1e-8 differences in tiny gradients.
     for key in ("loss", "grad_norm", "kl", "entropy", "clip_ratio/region_mean"):
         assert first_steps["liger"][key] == pytest.approx(first_steps["full"][key], abs=TOLERANCE), key

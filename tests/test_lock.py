@@ -6,8 +6,8 @@ import logging
 import pytest
 
 import grpo_kit
-from grpo_kit.lock import LOCK_FILE, current_lock, differences, record_session
-from grpo_kit.plugins import Registry, plugin_manager
+from grpo_kit.outputs.plugin_lock import LOCK_FILE, current_lock, differences, record_session
+from grpo_kit.plugins.registry import Registry, plugin_manager
 
 
 def sessions(run_dir):

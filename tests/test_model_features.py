@@ -9,9 +9,9 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
 import grpo_kit
-from grpo_kit.config import LoraConfig, ModelConfig
-from grpo_kit.errors import ConfigError
-from grpo_kit.modeling import load_model
+from grpo_kit.config.compose import LoraConfig, ModelConfig
+from grpo_kit.contract.errors import ConfigError
+from grpo_kit.model.loading import load_model
 from grpo_kit.testing import build_tiny_model, tiny_run
 
 
@@ -79,7 +79,7 @@ def test_the_reference_of_a_lora_run_is_its_base_model(registry, tiny_model, tmp
 
 def test_generating_from_a_merged_copy_samples_the_trained_lora_policy(registry, tiny_model, tmp_path):
     pytest.importorskip("peft")
-    from grpo_kit.lora import add_adapters, merged_copy, refresh_merged_copy
+    from grpo_kit.model.lora import add_adapters, merged_copy, refresh_merged_copy
 
     model = add_adapters(AutoModelForCausalLM.from_pretrained(tiny_model), LoraConfig(r=4, dropout=0.0)).eval()
     merged = merged_copy(model)

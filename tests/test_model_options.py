@@ -9,12 +9,12 @@ import torch
 from transformers import AutoModelForCausalLM, Qwen2ForCausalLM
 
 import grpo_kit
-from grpo_kit.config import ModelConfig
-from grpo_kit.data import prompt_text, use_chat_template_kwargs
-from grpo_kit.modeling import checkpointing_wanted, load_model
+from grpo_kit.config.compose import ModelConfig
+from grpo_kit.model.loading import checkpointing_wanted, load_model
+from grpo_kit.rollout.prompts import prompt_text, use_chat_template_kwargs
+from grpo_kit.rollout.tool_use import render
 from grpo_kit.testing import build_tiny_model, build_tiny_reward_model, tiny_run
-from grpo_kit.tool_use import render
-from grpo_kit.trainer import setup
+from grpo_kit.training.trainer import setup
 
 # Qwen3's switch, in the characters the tiny tokenizer knows: "=" with thinking off, "= " otherwise.
 THINKING_TEMPLATE = (
@@ -62,7 +62,7 @@ def test_chat_template_kwargs_reach_every_rendering_of_a_chat_prompt(tiny_model,
     tokenizer = load_model(ModelConfig(name_or_path=str(build_tiny_model(tmp_path, chat_template=THINKING_TEMPLATE))))[1]
     assert prompt_text(tokenizer, PROMPT) == "1+2= "
     use_chat_template_kwargs(tokenizer, {"enable_thinking": False})
-    assert prompt_text(tokenizer, PROMPT) == "1+2="  # training and eval prompts (grpo_kit/rollout.py)
+    assert prompt_text(tokenizer, PROMPT) == "1+2="  # training and eval prompts (grpo_kit/rollout/rollout.py)
     assert tokenizer.decode(render(tokenizer, PROMPT, {}, generation_prompt=True)) == "1+2="  # the tool loop
 
 
@@ -97,7 +97,7 @@ def test_the_reward_model_trusts_remote_code_as_the_policy_does(registry, tmp_pa
             ["+reward=reward_model", f"reward.reward_model.path={reward_model}", f"model.trust_remote_code={trust}"],
             registry,
         )
-        reward = registry.build("reward", "reward_model", grpo_kit.config.options(cfg.reward.reward_model))
+        reward = registry.build("reward", "reward_model", grpo_kit.config.compose.options(cfg.reward.reward_model))
         assert type(reward.model).__name__ == expected
 
 
@@ -139,5 +139,5 @@ def test_a_bfloat16_checkpoint_loads_in_float32_as_in_trl(tiny_model, tmp_path):
 
 
 def test_gradient_checkpointing_takes_true_false_or_auto(registry):
-    with pytest.raises(grpo_kit.errors.ConfigError, match="model.gradient_checkpointing=sometimes must be true, false or auto"):
+    with pytest.raises(grpo_kit.contract.errors.ConfigError, match="model.gradient_checkpointing=sometimes must be true, false or auto"):
         grpo_kit.compose(["+reward=accuracy", "model.gradient_checkpointing=sometimes"], registry)

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 import grpo_kit
-from grpo_kit.errors import ConfigError
-from grpo_kit.objective import high_entropy_mask, off_policy_mask
+from grpo_kit.contract.errors import ConfigError
+from grpo_kit.objective.objective import high_entropy_mask, off_policy_mask
 
 MASK = torch.tensor([[1, 1, 0], [1, 1, 1]])
 

@@ -10,8 +10,8 @@ import torch
 from transformers import AutoModelForCausalLM
 
 import grpo_kit
-from grpo_kit.errors import PluginError
-from grpo_kit.plugins import Registry, plugin_manager
+from grpo_kit.contract.errors import PluginError
+from grpo_kit.plugins.registry import Registry, plugin_manager
 from grpo_kit.testing import tiny_run
 
 HOOKS = """

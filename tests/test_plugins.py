@@ -7,9 +7,9 @@ from dataclasses import dataclass, field
 import pytest
 
 import grpo_kit
-from grpo_kit.errors import PluginError
-from grpo_kit.hookspecs import hookimpl
-from grpo_kit.plugins import Registry, plugin_manager
+from grpo_kit.contract.errors import PluginError
+from grpo_kit.contract.hookspecs import hookimpl
+from grpo_kit.plugins.registry import Registry, plugin_manager
 from grpo_kit.testing import tiny_run
 from grpo_kit.testing.contracts import HookContract
 

@@ -2,7 +2,7 @@
 
 import datasets
 
-from grpo_kit.data import PromptSampler
+from grpo_kit.rollout.prompts import PromptSampler
 
 
 def test_unshuffled_prompts_come_in_the_datasets_order_epoch_after_epoch():

@@ -9,7 +9,7 @@ import grpo_kit
 ROOT = Path(__file__).resolve().parent.parent
 # docs/plugins/README.md, "What a plugin may import", names each of these.
 PUBLIC_MODULES = {
-    "grpo_kit", "grpo_kit.kinds", "grpo_kit.errors", "grpo_kit.reductions", "grpo_kit.advantages", "grpo_kit.lora",
+    "grpo_kit", "grpo_kit.contract.kinds", "grpo_kit.contract.errors", "grpo_kit.contract.reductions", "grpo_kit.contract.advantages", "grpo_kit.model.lora",
     "grpo_kit.testing",
 }
 PLUGIN_SOURCES = [*ROOT.glob("plugins/grpo_kit_*/grpo_kit_*/**/*.py"), *ROOT.glob("docs/plugins/example/grpo_kit_*/**/*.py")]

@@ -4,9 +4,9 @@ import pytest
 import torch
 
 import grpo_kit
-from grpo_kit.errors import InputFileError
-from grpo_kit.plugins import Registry, plugin_manager
-from grpo_kit.replay import RolloutReplay
+from grpo_kit.contract.errors import InputFileError
+from grpo_kit.plugins.registry import Registry, plugin_manager
+from grpo_kit.rollout.replay import RolloutReplay
 
 
 @pytest.fixture

@@ -13,7 +13,7 @@ import pytest
 import yaml
 from omegaconf import OmegaConf
 
-from grpo_kit.errors import ReportError
+from grpo_kit.contract.errors import ReportError
 from grpo_kit.report import final_reward, main, write_report
 from grpo_kit.report.callback import ReportCallback
 from grpo_kit.report.collect import find_runs

@@ -12,7 +12,7 @@ import statistics
 import pytest
 import yaml
 
-from grpo_kit.errors import ReportError
+from grpo_kit.contract.errors import ReportError
 from grpo_kit.report import main, write_report
 from grpo_kit.report.collect import find_runs
 from grpo_kit.report.paired import compare

@@ -206,7 +206,7 @@ def test_a_signal_during_evaluation_abandons_it_saves_and_stops(tiny_model, tmp_
 
 def test_resuming_with_changed_settings_is_refused_with_the_differences(registry, tiny_model, tmp_path):
     import grpo_kit
-    from grpo_kit.errors import ConfigError
+    from grpo_kit.contract.errors import ConfigError
 
     base = ["+loss=dapo", "+reward=accuracy", f"model.name_or_path={tiny_model}", "generation.num_generations=4",
             "trainer.per_device_train_batch_size=8", "trainer.max_steps=2", "trainer.progress_bar=false",

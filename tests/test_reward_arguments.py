@@ -11,9 +11,9 @@ from accelerate import Accelerator
 from transformers.trainer_callback import TrainerState
 
 import grpo_kit
-from grpo_kit.errors import PluginError, RewardError
-from grpo_kit.plugins import Registry, plugin_manager
-from grpo_kit.scoring import Scorer, at_step, reward_trainer_state
+from grpo_kit.contract.errors import PluginError, RewardError
+from grpo_kit.plugins.registry import Registry, plugin_manager
+from grpo_kit.rollout.scoring import Scorer, at_step, reward_trainer_state
 from grpo_kit.testing import tiny_run
 
 PROMPTS, COMPLETIONS, IDS = ["1+1=", "1+1=", "2+2="], ["2", "3", "4"], [[1], [2], [3]]

@@ -13,9 +13,9 @@ from accelerate import Accelerator
 from transformers import AutoModelForCausalLM
 
 import grpo_kit
-from grpo_kit.errors import ConfigError
-from grpo_kit.modeling import length_groups
-from grpo_kit.policy_loss import PolicyLoss, build_policy_loss
+from grpo_kit.contract.errors import ConfigError
+from grpo_kit.model.loading import length_groups
+from grpo_kit.objective.policy_loss import PolicyLoss, build_policy_loss
 from grpo_kit.testing import tiny_run
 from grpo_kit.testing.micro_batches import loss_and_gradients, random_micro_batch
 from grpo_kit.testing.models import MIXTURES_OF_EXPERTS, build_tiny_moe_model
@@ -29,7 +29,7 @@ def moe_model(request, tmp_path_factory):
 
 
 def micro_batch(model):
-    """Rows of very different lengths, so that the policy's pass runs as two (grpo_kit/modeling.py), and a
+    """Rows of very different lengths, so that the policy's pass runs as two (grpo_kit/model/loading.py), and a
     left-padded prompt, so that rows are moved: the loss must still be one masked pass's."""
     batch = random_micro_batch(model.config.vocab_size, batch_size=8, length=LENGTH, seed=3)
     batch["completion_mask"][4:, 3:] = 0

@@ -9,7 +9,7 @@ import sys
 import pytest
 
 import grpo_kit
-from grpo_kit.errors import ConfigError, RewardError
+from grpo_kit.contract.errors import ConfigError, RewardError
 from grpo_kit.testing import tiny_run
 
 BROKEN_REWARD = """
@@ -26,7 +26,7 @@ BROKEN_REWARD = """
 
 @pytest.fixture
 def broken_registry(local_plugin):
-    from grpo_kit.plugins import Registry, plugin_manager
+    from grpo_kit.plugins.registry import Registry, plugin_manager
 
     return Registry(plugin_manager(local_modules=[local_plugin("broken_reward", BROKEN_REWARD)]))
 
@@ -141,7 +141,7 @@ FAILING_START = """
 
 
 def test_a_run_that_fails_early_reports_its_own_error_and_leaves_the_next_run_clean(local_plugin, tiny_model, tmp_path):
-    from grpo_kit.plugins import Registry, plugin_manager
+    from grpo_kit.plugins.registry import Registry, plugin_manager
 
     registry = Registry(plugin_manager(local_modules=[local_plugin("fails_at_start", FAILING_START)]))
     with pytest.raises(RuntimeError, match="the real error"):

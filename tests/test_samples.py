@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
-from grpo_kit.kinds import Completions
-from grpo_kit.samples import PAGE_STEPS, SampleLog
+from grpo_kit.contract.kinds import Completions
+from grpo_kit.outputs.samples import PAGE_STEPS, SampleLog
 
 PROMPTS = ["1+1=", "1+1=", "2+2=", "2+2="]
 COMPLETIONS = ["2", "3", "<script>alert(1)</script>", "4"]

@@ -9,9 +9,9 @@ import time
 import pytest
 import torch
 
-from grpo_kit.errors import PluginError, RewardError
-from grpo_kit.plugins import Registry, plugin_manager
-from grpo_kit.scoring import Scorer
+from grpo_kit.contract.errors import PluginError, RewardError
+from grpo_kit.plugins.registry import Registry, plugin_manager
+from grpo_kit.rollout.scoring import Scorer
 
 PROMPTS = ["1+1=", "1+2=", "2+2="]
 COMPLETIONS = ["2", "4", "4"]

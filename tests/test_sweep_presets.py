@@ -15,7 +15,7 @@ import yaml
 from omegaconf import OmegaConf
 
 import grpo_kit
-from grpo_kit.config import PRESETS_MODULE, PRIMARY_CONFIG, store_configs
+from grpo_kit.config.compose import PRESETS_MODULE, PRIMARY_CONFIG, store_configs
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 PRESET_FOLDERS = ["experiment", "sweep", "sweep/losses", "hydra/launcher", "hydra/sweeper"]
@@ -197,7 +197,7 @@ def test_two_runs_at_once(tmp_path):
         # The accuracy reward runs in a process pool of the run, itself a joblib (loky) worker process.
         assert trained and all(line["rewards/accuracy/failures"] == 0.0 for line in trained), (
             "rewards failed inside a joblib worker: a process pool started there inherits loky's start method, "
-            "which its processes cannot set up; grpo_kit/scoring.py must reset it before starting the pool"
+            "which its processes cannot set up; grpo_kit/rollout/scoring.py must reset it before starting the pool"
         )
 
 

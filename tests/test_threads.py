@@ -1,4 +1,4 @@
-"""Runs that share a machine share its cores: torch's thread count (grpo_kit/threads.py) and that a run uses it."""
+"""Runs that share a machine share its cores: torch's thread count (grpo_kit/model/threads.py) and that a run uses it."""
 
 import os
 import sys
@@ -9,11 +9,11 @@ import pytest
 import torch
 
 import grpo_kit
-from grpo_kit import cli
-from grpo_kit.errors import ConfigError
-from grpo_kit.plugins import Registry, plugin_manager
+from grpo_kit.cli import main as cli
+from grpo_kit.contract.errors import ConfigError
+from grpo_kit.model.threads import chosen_threads, concurrent_runs
+from grpo_kit.plugins.registry import Registry, plugin_manager
 from grpo_kit.testing.runs import tiny_run
-from grpo_kit.threads import chosen_threads, concurrent_runs
 
 JOBLIB = "hydra_plugins.hydra_joblib_launcher.joblib_launcher.JoblibLauncher"
 

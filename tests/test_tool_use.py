@@ -1,4 +1,4 @@
-"""Multi-turn rollouts with tools (grpo_kit/tool_use.py): what the loop appends and masks, how tool failures are
+"""Multi-turn rollouts with tools (grpo_kit/rollout/tool_use.py): what the loop appends and masks, how tool failures are
 reported, that tool tokens get no gradient, and runs end to end with an environment and with plain tools."""
 
 import asyncio
@@ -10,12 +10,12 @@ import torch
 from accelerate import Accelerator
 
 import grpo_kit
-from grpo_kit.embedded_tool_use import build_tokenizer
-from grpo_kit.kinds import Completions
-from grpo_kit.objective import loss_mask
+from grpo_kit.contract.kinds import Completions
+from grpo_kit.embedded.tool_use import build_tokenizer
+from grpo_kit.objective.objective import loss_mask
+from grpo_kit.rollout.tool_use import ToolUse
 from grpo_kit.testing import tiny_run
 from grpo_kit.testing.models import build_tiny_model
-from grpo_kit.tool_use import ToolUse
 
 TOKENIZER = build_tokenizer()
 
@@ -345,7 +345,7 @@ def test_the_calculator_command_learns_to_call_the_tool(tmp_path):
 
 ECHO_ROLLOUT = """
     import grpo_kit
-    from grpo_kit.kinds import RolloutResult
+    from grpo_kit.contract.kinds import RolloutResult
 
     class FeedbackRollout:
         '''Samples through the run's backend, then appends environment feedback ("!") that the model did not write.'''
@@ -379,7 +379,7 @@ ECHO_ROLLOUT = """
 
 
 def test_a_rollout_plugin_generates_and_its_environment_tokens_are_masked(local_plugin, tiny_model, tmp_path):
-    from grpo_kit.plugins import Registry, plugin_manager
+    from grpo_kit.plugins.registry import Registry, plugin_manager
 
     registry = Registry(plugin_manager(local_modules=[local_plugin("feedback_rollout", ECHO_ROLLOUT)]))
     cfg = grpo_kit.compose(tiny_run(tiny_model, "+rollout=feedback", "+reward=seen", "trainer.max_steps=2",
@@ -392,8 +392,8 @@ def test_a_rollout_plugin_generates_and_its_environment_tokens_are_masked(local_
 
 
 def test_a_rollout_plugin_cannot_be_combined_with_tools(local_plugin, tiny_model, tmp_path):
-    from grpo_kit.errors import ConfigError
-    from grpo_kit.plugins import Registry, plugin_manager
+    from grpo_kit.contract.errors import ConfigError
+    from grpo_kit.plugins.registry import Registry, plugin_manager
 
     registry = Registry(plugin_manager(local_modules=[local_plugin("feedback_rollout", ECHO_ROLLOUT)]))
     cfg = grpo_kit.compose(tiny_run(tiny_model, "+rollout=feedback", "+reward=seen",

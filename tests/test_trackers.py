@@ -10,9 +10,9 @@ from accelerate import Accelerator
 from omegaconf import OmegaConf
 
 import grpo_kit
-from grpo_kit.errors import ConfigError
-from grpo_kit.pipeline import Run
-from grpo_kit.trackers import TrackerLogger, check_trackers, flat_config
+from grpo_kit.contract.errors import ConfigError
+from grpo_kit.contract.pipeline import Run
+from grpo_kit.outputs.trackers import TrackerLogger, check_trackers, flat_config
 
 CONFIG = {
     "seed": 3,

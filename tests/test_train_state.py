@@ -87,7 +87,7 @@ def test_a_generator_lost_mid_step_saves_the_last_whole_step_and_the_resumed_run
         from dataclasses import dataclass
 
         import grpo_kit
-        from grpo_kit.errors import GenerationUnavailable
+        from grpo_kit.contract.errors import GenerationUnavailable
         from grpo_kit_transformers.generation import TransformersGeneration, TransformersGenerationConfig
 
         @dataclass
@@ -112,8 +112,8 @@ def test_a_generator_lost_mid_step_saves_the_last_whole_step_and_the_resumed_run
         def register_rewards(register):
             register("digits", lambda completions, **_: [sum(c.isdigit() for c in t) / max(len(t), 1) for t in completions])
     """)
-    from grpo_kit.errors import GenerationUnavailable
-    from grpo_kit.plugins import Registry, plugin_manager
+    from grpo_kit.contract.errors import GenerationUnavailable
+    from grpo_kit.plugins.registry import Registry, plugin_manager
 
     registry = Registry(plugin_manager(local_modules=[module]))
     settings = tiny_run(

@@ -13,13 +13,13 @@ from transformers import get_scheduler
 from transformers.optimization import Adafactor
 
 import grpo_kit
-from grpo_kit.config import TrainerConfig
-from grpo_kit.errors import ConfigError
-from grpo_kit.optimizers import build_optimizer, build_scheduler
-from grpo_kit.pipeline import Run
+from grpo_kit.config.compose import TrainerConfig
+from grpo_kit.contract.errors import ConfigError
+from grpo_kit.contract.pipeline import Run
+from grpo_kit.outputs.trackers import TrackerLogger, accelerate_trackers, check_trackers
 from grpo_kit.testing import build_tiny_model, tiny_run
-from grpo_kit.trackers import TrackerLogger, accelerate_trackers, check_trackers
-from grpo_kit.trainer import Stopped
+from grpo_kit.training.optimizers import build_optimizer, build_scheduler
+from grpo_kit.training.trainer import Stopped
 
 
 @pytest.fixture
@@ -241,7 +241,7 @@ def test_a_run_stopped_early_saves_a_whole_checkpoint_even_with_save_only_model(
         def register_rewards(register):
             register("digits", lambda completions, **_: [sum(c.isdigit() for c in t) / max(len(t), 1) for t in completions])
     """)
-    from grpo_kit.plugins import Registry, plugin_manager
+    from grpo_kit.plugins.registry import Registry, plugin_manager
 
     registry = Registry(plugin_manager(local_modules=[module]))
     overrides = tiny_run(tiny_model, "+reward=digits", "trainer.save_steps=1", "trainer.save_total_limit=5",

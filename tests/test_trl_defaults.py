@@ -8,8 +8,8 @@ import pytest
 from omegaconf import OmegaConf
 
 import grpo_kit
-from grpo_kit.compatibility import corrects_rollouts
-from grpo_kit.precision import resolve_mixed_precision
+from grpo_kit.config.compatibility import corrects_rollouts
+from grpo_kit.model.precision import resolve_mixed_precision
 from grpo_kit.testing import tiny_run
 
 # TRL's field -> our key, with the same default.
@@ -162,7 +162,7 @@ def test_the_rollout_correction_applies_to_vllm_samples_only(registry, presets):
 def test_vespo_is_refused_only_where_the_sequence_correction_applies(registry):
     base = ["model.name_or_path=x", "data.path=y", "+reward=accuracy", "+loss=vespo"]
     grpo_kit.compose(base, registry)  # the transformers backend: no correction, nothing to refuse
-    with pytest.raises(grpo_kit.errors.ConfigError, match="token-level rollout corrections"):
+    with pytest.raises(grpo_kit.contract.errors.ConfigError, match="token-level rollout corrections"):
         grpo_kit.compose([*base, "generation=vllm_server"], registry)
 
 

@@ -22,8 +22,8 @@ import torch
 from transformers import AutoModelForCausalLM
 
 import grpo_kit
-from grpo_kit.kinds import RolloutResult
-from grpo_kit.plugins import Registry, plugin_manager
+from grpo_kit.contract.kinds import RolloutResult
+from grpo_kit.plugins.registry import Registry, plugin_manager
 from grpo_kit.testing import build_tiny_model
 
 PROMPTS = ["1+2=", "3+4=", "5+6=", "7+8=", "9+1=", "2+3=", "4+5=", "6+7="]  # enough for 3 batches, no repeat

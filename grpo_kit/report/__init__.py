@@ -11,7 +11,7 @@ paired.py and paired_plots.py the differences of runs on frozen rollouts from a 
 build.py puts them together.
 """
 
-from grpo_kit.errors import ReportError
+from grpo_kit.contract.errors import ReportError
 from grpo_kit.report.build import write_report
 from grpo_kit.report.collect import final_reward
 from grpo_kit.report.command import main

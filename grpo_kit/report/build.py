@@ -3,7 +3,7 @@
 import logging
 from pathlib import Path
 
-from grpo_kit.errors import ReportError
+from grpo_kit.contract.errors import ReportError
 from grpo_kit.report import markdown, paired, tables
 from grpo_kit.report.collect import find_runs
 

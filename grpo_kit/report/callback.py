@@ -1,5 +1,5 @@
 """Hydra callbacks for the end of a sweep: one writes the report into the sweep directory, one finds the runs
-that failed, for the command to exit non-zero. Registered in the primary config (grpo_kit/config.py) as
+that failed, for the command to exit non-zero. Registered in the primary config (grpo_kit/config/compose.py) as
 
     hydra.callbacks.report: {_target_: grpo_kit.report.callback.ReportCallback}
     hydra.callbacks.failures: {_target_: grpo_kit.report.callback.FailedRuns}
@@ -16,7 +16,7 @@ from omegaconf import DictConfig
 
 log = logging.getLogger(__name__)
 
-# The folders of the runs that failed in the sweeps of this process, found by FailedRuns for grpo_kit/cli.py.
+# The folders of the runs that failed in the sweeps of this process, found by FailedRuns for grpo_kit/cli/main.py.
 FAILED_RUNS: list[Path] = []
 
 

@@ -1,8 +1,8 @@
 """Reading a sweep directory: which subfolders are runs, and what each run's files say.
 
-A run directory is what `python -m grpo_kit` writes (grpo_kit/trainer.py and Hydra): `config.yaml` (the resolved
+A run directory is what `python -m grpo_kit` writes (grpo_kit/training/trainer.py and Hydra): `config.yaml` (the resolved
 config), `metrics.jsonl` (one JSON object per logged step), `.hydra/overrides.yaml` (the command line of this
-run), and `error.txt` when the run raised inside a sweep (grpo_kit/cli.py). This module only reads files: it
+run), and `error.txt` when the run raised inside a sweep (grpo_kit/cli/main.py). This module only reads files: it
 never loads a model or runs the trainer, so a report is quick to make of a sweep that is still going.
 """
 

@@ -26,7 +26,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def report_command(args: argparse.Namespace) -> int:
-    from grpo_kit.errors import ReportError
+    from grpo_kit.contract.errors import ReportError
     from grpo_kit.report.build import write_report
 
     try:

@@ -12,7 +12,7 @@ import math
 import statistics
 from dataclasses import dataclass
 
-from grpo_kit.errors import ReportError
+from grpo_kit.contract.errors import ReportError
 from grpo_kit.report.collect import Run
 from grpo_kit.report.tables import Variant, mean_and_std
 

@@ -45,11 +45,10 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from grpo_kit.config import hydra_composition, options
-from grpo_kit.eos import eos_token_ids
-from grpo_kit.hookspecs import hookimpl
-from grpo_kit.inventory import split_distribution
-from grpo_kit.kinds import (
+from grpo_kit.config.compose import hydra_composition, options
+from grpo_kit.contract.eos import eos_token_ids
+from grpo_kit.contract.hookspecs import hookimpl
+from grpo_kit.contract.kinds import (
     KINDS,
     MULTI_CHOICE_KINDS,
     Completions,
@@ -58,7 +57,8 @@ from grpo_kit.kinds import (
     Reduction,
     declared,
 )
-from grpo_kit.plugins import ENTRY_POINT_GROUP, REGISTER_HOOK_OF_KIND, Plugin, Registry, plugin_manager
+from grpo_kit.plugins.inventory import split_distribution
+from grpo_kit.plugins.registry import ENTRY_POINT_GROUP, REGISTER_HOOK_OF_KIND, Plugin, Registry, plugin_manager
 
 __all__ = [
     "AdvantageContract",
@@ -162,7 +162,7 @@ class PluginContract:
 
     def test_config_round_trips_through_hydra(self, contract_case, plugin_config):
         """The config takes a run's way: stored in Hydra's ConfigStore, composed with `+KIND=NAME`, set as the
-        command line sets it, read with `grpo_kit.config.options` and typed by the registry. Every field must be a
+        command line sets it, read with `grpo_kit.config.compose.options` and typed by the registry. Every field must be a
         type OmegaConf can hold, and the plugin must be built with the values set, nested dataclasses included."""
         kind, name = contract_case.kind, contract_case.name
         cfg = hydra_composition([f"+{kind}={name}"], contract_case.registry)
@@ -206,8 +206,8 @@ _TORCH_CHECK = textwrap.dedent("""
     module = sys.argv[1]
     __import__(module)
     on_import = "torch" in sys.modules
-    from grpo_kit.inventory import installed_plugins
-    from grpo_kit.plugins import Registry, plugin_manager
+    from grpo_kit.plugins.inventory import installed_plugins
+    from grpo_kit.plugins.registry import Registry, plugin_manager
     installed_plugins(Registry(plugin_manager(autoload=False, local_modules=[module], disabled=[])))
     print(json.dumps({"on_import": on_import, "on_registration": "torch" in sys.modules}))
 """)
@@ -296,7 +296,7 @@ def _log_weights(log_ratio: torch.Tensor, mask: torch.Tensor, level: str) -> tor
 
 
 class LossContract(PluginContract):
-    """A loss (grpo_kit/kinds.py: Loss) on random inputs, with the importance weights of both levels.
+    """A loss (grpo_kit/contract/kinds.py: Loss) on random inputs, with the importance weights of both levels.
 
     `required_metrics`: metric names the loss must report. A loss that declares `accumulation_invariant = True`
     must give the gradient of the whole batch however the batch is split into equal micro-batches, in order or
@@ -643,7 +643,7 @@ class RewardContract(PluginContract):
     columns: ClassVar[dict] = {"solution": ["3", "7", "42", "10"]}
 
     def arguments(self, chat: bool = False) -> dict:
-        from grpo_kit.embedded import build_tokenizer
+        from grpo_kit.embedded.sums import build_tokenizer
 
         tokenizer = build_tokenizer()
         completion_ids = [tokenizer(text, add_special_tokens=False).input_ids for text in self.completions]
@@ -680,7 +680,7 @@ class RewardContract(PluginContract):
 
     def test_the_scorer_gets_the_same_values(self, contract_case, plugin):
         """In a run the Scorer calls it (a thread, or the event loop for async rewards): same values, no failure."""
-        from grpo_kit.scoring import Scorer
+        from grpo_kit.rollout.scoring import Scorer
 
         direct = self.checked(_awaited(plugin(**self.arguments())))
         arguments = self.arguments()
@@ -899,7 +899,7 @@ class EnvironmentContract(PluginContract):
 
     @classmethod
     def contract_rows(cls) -> list[dict]:
-        from grpo_kit.embedded_tool_use import build_task
+        from grpo_kit.embedded.tool_use import build_task
 
         return list(cls.rows) or build_task(3)
 
@@ -911,7 +911,7 @@ class EnvironmentContract(PluginContract):
             )
 
     def test_every_tool_describes_itself_to_the_chat_template(self, plugin, contract_case):
-        from grpo_kit.tool_use import check_tool, environment_tools
+        from grpo_kit.rollout.tool_use import check_tool, environment_tools
 
         tools = environment_tools(plugin)
         assert tools, "it has no public method besides reset, so the model has no tool to call"
@@ -919,7 +919,7 @@ class EnvironmentContract(PluginContract):
             check_tool(tool, str(contract_case))
 
     def test_tools_answer_in_the_tool_loop(self, plugin):
-        from grpo_kit.tool_use import environment_tools, run_tool_calls, toolbox
+        from grpo_kit.rollout.tool_use import environment_tools, run_tool_calls, toolbox
 
         if not self.tool_calls:
             pytest.skip("tool_calls = [(name, arguments), ...] names calls its tools should answer")
@@ -929,7 +929,7 @@ class EnvironmentContract(PluginContract):
 
     def test_reset_starts_afresh(self, plugin):
         """The same calls after `reset(**row)` get the same answers, whatever came before."""
-        from grpo_kit.tool_use import environment_tools, run_tool_calls, toolbox
+        from grpo_kit.rollout.tool_use import environment_tools, run_tool_calls, toolbox
 
         if not self.tool_calls:
             pytest.skip("tool_calls = [(name, arguments), ...] names calls its tools should answer")

@@ -5,7 +5,7 @@ from pathlib import Path
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM, Qwen2ForSequenceClassification
 
-from grpo_kit.embedded import build_tokenizer
+from grpo_kit.embedded.sums import build_tokenizer
 
 
 def build_tiny_model(

@@ -2,7 +2,7 @@
 
 import torch
 
-from grpo_kit.kinds import LossInputs, Reduction
+from grpo_kit.contract.kinds import LossInputs, Reduction
 
 
 def loss_inputs(log_weights, advantages, mask, per_token_logps=None, log_ratio=None, rollout_ratio=None) -> LossInputs:

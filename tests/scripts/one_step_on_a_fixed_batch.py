@@ -14,10 +14,10 @@ from pathlib import Path
 import torch
 
 import grpo_kit
-from grpo_kit.modeling import load_model, load_reference_model
-from grpo_kit.policy_loss import PolicyLoss
+from grpo_kit.model.loading import load_model, load_reference_model
+from grpo_kit.objective.policy_loss import PolicyLoss
 from grpo_kit.testing import tiny_run
-from grpo_kit.trainer import Optimization, ReferenceQuantities, build_accelerator
+from grpo_kit.training.trainer import Optimization, ReferenceQuantities, build_accelerator
 
 LOSSES = ["grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "luspo", "vespo"]
 COMPLETIONS, PROMPT_LENGTH, COMPLETION_LENGTH = 16, 5, 7

@@ -5,7 +5,7 @@ https://arxiv.org/abs/2508.08221: group-level means with batch-level std give mo
 many groups have (almost) equal rewards.
 """
 
-from grpo_kit.advantages import nanstd, weighted_rewards
+from grpo_kit.contract.advantages import nanstd, weighted_rewards
 
 
 class BatchAdvantage:

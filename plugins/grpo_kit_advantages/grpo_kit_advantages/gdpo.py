@@ -5,7 +5,7 @@ raw rewards before normalising lets the reward with the largest spread drown the
 one in its group first keeps every reward's signal.
 """
 
-from grpo_kit.advantages import nanstd
+from grpo_kit.contract.advantages import nanstd
 
 
 class DecoupledAdvantage:

@@ -5,7 +5,7 @@ A_i = (r_i - mean(r)) / std(r) over the num_generations completions of one promp
 rewards are all equal at advantage 0 instead of dividing by zero.
 """
 
-from grpo_kit.advantages import nanstd, weighted_rewards
+from grpo_kit.contract.advantages import nanstd, weighted_rewards
 
 
 class GroupAdvantage:

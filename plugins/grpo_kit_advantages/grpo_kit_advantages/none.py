@@ -4,7 +4,7 @@ Dr. GRPO (Liu et al. 2025), https://arxiv.org/abs/2503.20783, section 3.1: divid
 prompts that are too easy or too hard more heavily (a question-level difficulty bias); leaving it out removes it.
 """
 
-from grpo_kit.advantages import weighted_rewards
+from grpo_kit.contract.advantages import weighted_rewards
 
 
 class CentredAdvantage:

@@ -7,7 +7,7 @@ A_i = r_i - (sum_j r_j - r_i) / (G' - 1), where G' counts the group's scorable c
 
 import torch
 
-from grpo_kit.advantages import weighted_rewards
+from grpo_kit.contract.advantages import weighted_rewards
 
 
 class LeaveOneOutAdvantage:

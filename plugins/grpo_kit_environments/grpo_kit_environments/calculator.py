@@ -1,7 +1,7 @@
 """calculator: exact integer arithmetic, for tasks a small model gets wrong by itself.
 
 `python -m grpo_kit +loss=dapo +reward=accuracy +environment=calculator` trains the embedded tool-use model
-(grpo_kit/embedded_tool_use.py) to call `add` on 2-digit sums instead of guessing. Each completion gets its own
+(grpo_kit/embedded/tool_use.py) to call `add` on 2-digit sums instead of guessing. Each completion gets its own
 calculator; `reset` starts it afresh and counts the calls it answers, which a reward or a test may read.
 """
 

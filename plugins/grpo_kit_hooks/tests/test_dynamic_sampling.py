@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from grpo_kit.kinds import Completions
-from grpo_kit.pipeline import ScoredBatch
+from grpo_kit.contract.kinds import Completions
+from grpo_kit.contract.pipeline import ScoredBatch
 from grpo_kit_hooks.dynamic_sampling import DynamicSampling, DynamicSamplingConfig
 
 

@@ -4,7 +4,7 @@ Batch-normalised policy optimisation: the token-level mean of DAPO (https://arxi
 taken over the local micro-batch only, so its normaliser changes with how the batch is split.
 """
 
-from grpo_kit.reductions import local_token_mean
+from grpo_kit.contract.reductions import local_token_mean
 from grpo_kit_losses.clipped import ClippedSurrogate
 from grpo_kit_losses.token_sums import SUMS_TOKENS_ADVICE
 

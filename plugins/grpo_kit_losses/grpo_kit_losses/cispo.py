@@ -7,8 +7,8 @@ ScaleRL recommends (https://arxiv.org/abs/2510.13786); TRL falls back to `epsilo
 
 import torch
 
-from grpo_kit.kinds import LigerLoss, Loss
-from grpo_kit.reductions import global_token_mean, masked_mean
+from grpo_kit.contract.kinds import LigerLoss, Loss
+from grpo_kit.contract.reductions import global_token_mean, masked_mean
 from grpo_kit_losses.configs import CISPOConfig
 from grpo_kit_losses.token_sums import SUMS_TOKENS_ADVICE
 

@@ -8,8 +8,8 @@ PPO's clipped objective (Schulman et al. 2017, https://arxiv.org/abs/1707.06347)
 
 import torch
 
-from grpo_kit.kinds import LigerLoss, Loss
-from grpo_kit.reductions import masked_mean, per_sequence_mean
+from grpo_kit.contract.kinds import LigerLoss, Loss
+from grpo_kit.contract.reductions import masked_mean, per_sequence_mean
 from grpo_kit_losses.configs import ClippedConfig
 
 

@@ -5,7 +5,7 @@ token weighs the same whatever the length of its sequence. The normaliser counts
 across processes, so micro-batching does not change the gradient.
 """
 
-from grpo_kit.reductions import global_token_mean
+from grpo_kit.contract.reductions import global_token_mean
 from grpo_kit_losses.clipped import ClippedSurrogate
 from grpo_kit_losses.token_sums import SUMS_TOKENS_ADVICE
 

@@ -4,7 +4,7 @@ Dr. GRPO, "Understanding R1-Zero-Like Training" (Liu et al. 2025), https://arxiv
 dropping GRPO's 1/|o_i| removes its length bias. Pair it with advantage=none (no std scaling) as the paper does.
 """
 
-from grpo_kit.reductions import constant_length_mean
+from grpo_kit.contract.reductions import constant_length_mean
 from grpo_kit_losses.clipped import ClippedSurrogate
 from grpo_kit_losses.token_sums import SUMS_TOKENS_ADVICE
 

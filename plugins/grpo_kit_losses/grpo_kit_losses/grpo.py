@@ -5,7 +5,7 @@ per-sequence mean. It prefers short correct answers and long wrong ones (Dr. GRP
 With importance_sampling=sequence it is GSPO (https://arxiv.org/abs/2507.18071).
 """
 
-from grpo_kit.reductions import sequence_mean
+from grpo_kit.contract.reductions import sequence_mean
 from grpo_kit_losses.clipped import ClippedSurrogate
 
 

@@ -5,7 +5,7 @@ mean shrinks the gradient of long answers; summing over each sequence's tokens b
 removes that bias. The paper uses sequence-level importance weights (importance_sampling=sequence).
 """
 
-from grpo_kit.reductions import length_weighted_sequence_mean
+from grpo_kit.contract.reductions import length_weighted_sequence_mean
 from grpo_kit_losses.clipped import ClippedSurrogate
 
 

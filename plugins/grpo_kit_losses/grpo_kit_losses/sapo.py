@@ -7,8 +7,8 @@ f(r) = sigmoid(tau * (r - 1)) * 4 / tau, equal to r's slope at r = 1 and fading 
 
 import torch
 
-from grpo_kit.kinds import LigerLoss, Loss
-from grpo_kit.reductions import sequence_mean
+from grpo_kit.contract.kinds import LigerLoss, Loss
+from grpo_kit.contract.reductions import sequence_mean
 from grpo_kit_losses.configs import SAPOConfig
 
 

@@ -10,8 +10,8 @@ import math
 
 import torch
 
-from grpo_kit.kinds import LigerLoss, Loss
-from grpo_kit.reductions import global_token_mean
+from grpo_kit.contract.kinds import LigerLoss, Loss
+from grpo_kit.contract.reductions import global_token_mean
 from grpo_kit_losses.configs import VESPOConfig
 
 LOG_MIN_WEIGHT = math.log(1e-8)  # the paper's floor on w, applied in log space

@@ -4,7 +4,7 @@ import json
 import pytest
 
 import grpo_kit
-from grpo_kit.scoring import Scorer
+from grpo_kit.rollout.scoring import Scorer
 from grpo_kit.testing import tiny_run
 from grpo_kit_rewards.configs import PythonFunctionConfig
 from grpo_kit_rewards.python_function import PythonFunction

@@ -5,7 +5,7 @@ import random
 
 import pytest
 
-from grpo_kit.scoring import Scorer
+from grpo_kit.rollout.scoring import Scorer
 from grpo_kit_rewards.accuracy import Accuracy
 from grpo_kit_rewards.configs import AccuracyConfig, CosineScaledConfig, ReasoningAccuracyConfig
 from grpo_kit_rewards.cosine_scaled import CosineScaled

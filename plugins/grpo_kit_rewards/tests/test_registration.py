@@ -5,8 +5,8 @@ import math
 import pytest
 
 import grpo_kit
-from grpo_kit.config import options
-from grpo_kit.scoring import Scorer
+from grpo_kit.config.compose import options
+from grpo_kit.rollout.scoring import Scorer
 
 BUILT_INS = {
     "accuracy", "reasoning_accuracy", "think_format", "cosine_scaled", "repetition_penalty", "soft_overlong",

@@ -4,8 +4,8 @@ import pytest
 import torch
 from transformers import Qwen2ForSequenceClassification
 
-from grpo_kit.embedded import build_tokenizer
-from grpo_kit.scoring import Scorer
+from grpo_kit.embedded.sums import build_tokenizer
+from grpo_kit.rollout.scoring import Scorer
 from grpo_kit.testing import build_tiny_reward_model
 from grpo_kit_rewards.configs import RewardModelConfig
 from grpo_kit_rewards.reward_model import RewardModel

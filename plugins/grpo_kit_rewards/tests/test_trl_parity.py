@@ -5,7 +5,7 @@ The `trl` fixture (conftest.py) skips them without trl==1.16.0, or fails them un
 
 import pytest
 
-from grpo_kit.scoring import Scorer
+from grpo_kit.rollout.scoring import Scorer
 from grpo_kit_rewards.accuracy import Accuracy
 from grpo_kit_rewards.configs import (
     AccuracyConfig,

@@ -5,7 +5,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from grpo_kit import GenerationConfig
-from grpo_kit.errors import ConfigError
+from grpo_kit.contract.errors import ConfigError
 
 
 @dataclass

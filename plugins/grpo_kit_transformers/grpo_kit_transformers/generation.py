@@ -23,7 +23,7 @@ import transformers
 from accelerate.utils import DistributedType
 
 from grpo_kit import Completions, eos_mask, eos_token_ids, is_truncated
-from grpo_kit.lora import has_adapters, merged_copy, refresh_merged_copy
+from grpo_kit.model.lora import has_adapters, merged_copy, refresh_merged_copy
 from grpo_kit_transformers.configs import TransformersGenerationConfig
 from grpo_kit_transformers.sampling import sample, why_not_lean
 

@@ -195,7 +195,7 @@ def test_a_model_with_sliding_window_layers_falls_back_to_generate(tmp_path, cap
 
 
 def test_a_cache_for_generate_is_refused_with_the_lean_loop():
-    from grpo_kit.errors import ConfigError
+    from grpo_kit.contract.errors import ConfigError
     from grpo_kit_transformers.configs import TransformersGenerationConfig
 
     with pytest.raises(ConfigError, match="add generation.loop=generate"):

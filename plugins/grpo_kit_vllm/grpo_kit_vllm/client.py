@@ -10,7 +10,7 @@ import urllib.error
 import urllib.request
 from http.client import HTTPException
 
-from grpo_kit.errors import GenerationUnavailable, UserError
+from grpo_kit.contract.errors import GenerationUnavailable, UserError
 
 log = logging.getLogger(__name__)
 

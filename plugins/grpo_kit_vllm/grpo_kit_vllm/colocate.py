@@ -17,7 +17,7 @@ import socket
 import torch
 
 from grpo_kit import Completions, eos_token_ids
-from grpo_kit.errors import ConfigError
+from grpo_kit.contract.errors import ConfigError
 from grpo_kit_vllm.completions import Sample, sampling_fields, to_completions
 from grpo_kit_vllm.config import VLLMColocateConfig
 from grpo_kit_vllm.weights import base_model_path, is_sharded, named_weights

@@ -3,7 +3,7 @@
 from dataclasses import dataclass, field
 
 from grpo_kit import GenerationConfig
-from grpo_kit.errors import ConfigError
+from grpo_kit.contract.errors import ConfigError
 
 LAUNCHES = ("none", "vllm", "test")
 TRANSPORTS = ("auto", "nccl", "gloo")

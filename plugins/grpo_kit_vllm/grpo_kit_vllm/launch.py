@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from urllib.parse import urlparse
 
-from grpo_kit.errors import ConfigError
+from grpo_kit.contract.errors import ConfigError
 
 log = logging.getLogger(__name__)
 

@@ -25,7 +25,7 @@ import torch
 from accelerate.utils import gather_object
 
 from grpo_kit import Completions, eos_token_ids
-from grpo_kit.errors import ConfigError, GenerationUnavailable
+from grpo_kit.contract.errors import ConfigError, GenerationUnavailable
 from grpo_kit_vllm.client import ServerClient, ServerError
 from grpo_kit_vllm.completions import Sample, prompt_runs, runs_by_count, sampling_fields, to_completions
 from grpo_kit_vllm.config import VLLMServerConfig

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import grpo_kit
-from grpo_kit.errors import ConfigError, GenerationUnavailable
+from grpo_kit.contract.errors import ConfigError, GenerationUnavailable
 from grpo_kit_vllm.client import ServerClient, ServerError
 from grpo_kit_vllm.completions import Sample, prompt_runs, runs_by_count, sampling_fields, to_completions
 from grpo_kit_vllm.config import VLLMColocateConfig, VLLMServerConfig

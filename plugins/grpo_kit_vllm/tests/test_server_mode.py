@@ -27,8 +27,8 @@ from omegaconf import MISSING
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import grpo_kit
-from grpo_kit.errors import ConfigError
-from grpo_kit.plugins import Registry, plugin_manager
+from grpo_kit.contract.errors import ConfigError
+from grpo_kit.plugins.registry import Registry, plugin_manager
 from grpo_kit.testing.contracts import GenerationContract, assert_contracts_cover
 from grpo_kit.testing.models import build_tiny_model
 from grpo_kit.testing.runs import tiny_run

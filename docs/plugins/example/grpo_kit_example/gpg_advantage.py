@@ -19,7 +19,7 @@ thing of filling the whole batch with such groups (alpha is then 1).
 
 import torch
 
-from grpo_kit.advantages import nanstd, weighted_rewards
+from grpo_kit.contract.advantages import nanstd, weighted_rewards
 from grpo_kit_example.configs import GPGAdvantageConfig
 
 

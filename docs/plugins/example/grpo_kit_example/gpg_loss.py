@@ -18,7 +18,7 @@ The paper's advantage and its correction factor alpha are the `gpg` advantage es
 """
 
 import grpo_kit
-from grpo_kit.reductions import global_token_mean, masked_mean
+from grpo_kit.contract.reductions import global_token_mean, masked_mean
 
 
 class GPG(grpo_kit.Loss):

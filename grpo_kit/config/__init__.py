@@ -1,0 +1,1 @@
+"""The run's config: schema dataclasses, Hydra composition and presets, compatibility checks."""

@@ -1,0 +1,143 @@
+"""Settings that do not go together, found when a run is composed: an error where TRL or the papers reject the
+combination, a warning where they discourage it. Each message says what to change.
+
+The rules are declared by the plugins (a loss's importance-sampling level, the correction levels it accepts,
+an advantage that needs groups), so this file names no plugin. It reads them as the plugins registered them
+(`Plugin.traits`), so that checking a run imports no plugin's implementation.
+"""
+
+import logging
+
+from omegaconf import DictConfig
+
+from grpo_kit.contract.errors import ConfigError
+from grpo_kit.plugins.registry import Registry
+
+log = logging.getLogger(__name__)
+
+
+MIXED_PRECISIONS = ("no", "bf16", "fp16", "auto")
+GRADIENT_CHECKPOINTING = (True, False, "auto")
+
+
+def check_compatibility(cfg: DictConfig, registry: Registry) -> None:
+    check_generation(cfg.generation)
+    check_training_length(cfg.trainer)
+    loss = registry.get("loss", cfg.loss.name).traits
+    level = registry.get("importance_sampling", cfg.importance_sampling.name).traits["level"]
+    correction_level = registry.get("rollout_correction", cfg.rollout_correction.name).traits["level"]
+    advantage = registry.get("advantage", cfg.advantage.name).traits
+    algo = cfg.algorithm
+
+    wanted = loss["importance_sampling_level"]
+    if wanted is not None and wanted != level:
+        # Only this warning's reason is read from the loss's class, which imports it.
+        advice = registry.get("loss", cfg.loss.name).implementation.importance_sampling_advice
+        log.warning(
+            "loss %s %s: importance_sampling=%s is discouraged, use importance_sampling=%s.",
+            cfg.loss.name, advice, cfg.importance_sampling.name, wanted,
+        )
+    accepted = loss["rollout_correction_levels"]
+    corrected = correction_level is not None and corrects_rollouts(cfg, registry)
+    if correction_level is not None and not corrected:
+        log.info(
+            "rollout_correction=%s is off: generation=%s samples with the trained model itself, and "
+            "algorithm.correct_policy_sampler=false corrects other samplers only (vLLM's, as TRL does).",
+            cfg.rollout_correction.name, cfg.generation.name,
+        )
+    if corrected and accepted is not None and correction_level not in accepted:
+        raise ConfigError(
+            f"loss {cfg.loss.name} takes only {'/'.join(accepted)}-level rollout corrections, but "
+            f"rollout_correction={cfg.rollout_correction.name} is {correction_level}-level: choose one of "
+            f"{', '.join(_corrections_of_level(registry, accepted))} or none."
+        )
+    if advantage["needs_groups"] and cfg.generation.num_generations < 2:
+        raise ConfigError(
+            f"advantage={cfg.advantage.name} compares the completions of one prompt, so it needs "
+            f"generation.num_generations >= 2 (got {cfg.generation.num_generations})."
+        )
+    if algo.sync_ref_model and algo.beta == 0.0:
+        raise ConfigError(
+            "algorithm.sync_ref_model=true moves a reference model that is used only when algorithm.beta > 0: "
+            "set algorithm.beta, or algorithm.sync_ref_model=false."
+        )
+    if not 0.0 <= algo.top_entropy_quantile <= 1.0:
+        raise ConfigError(f"algorithm.top_entropy_quantile={algo.top_entropy_quantile} must lie in [0, 1] (0.2 in its paper).")
+    if algo.use_adaptive_entropy and algo.entropy_coef_min > algo.entropy_coef_max:
+        raise ConfigError(
+            f"algorithm.entropy_coef_min={algo.entropy_coef_min} is above algorithm.entropy_coef_max="
+            f"{algo.entropy_coef_max}: adaptive entropy control keeps the coefficient between them."
+        )
+    if algo.off_policy_mask_threshold is not None and algo.off_policy_mask_threshold <= 0:
+        raise ConfigError(
+            f"algorithm.off_policy_mask_threshold={algo.off_policy_mask_threshold} is a KL bound and must be "
+            "positive (0.5, say), or null to turn the mask off."
+        )
+    if algo.num_iterations < 1:
+        raise ConfigError(f"algorithm.num_iterations={algo.num_iterations} must be at least 1.")
+    if algo.sync_ref_model and cfg.model.lora.enabled:
+        raise ConfigError(
+            "algorithm.sync_ref_model=true cannot move the reference of a LoRA run, which is the frozen base model "
+            "itself: set algorithm.sync_ref_model=false, or train without LoRA."
+        )
+    if cfg.trainer.mixed_precision not in MIXED_PRECISIONS:
+        raise ConfigError(
+            f"trainer.mixed_precision={cfg.trainer.mixed_precision} is not one of {', '.join(MIXED_PRECISIONS)}."
+        )
+    if cfg.model.gradient_checkpointing not in GRADIENT_CHECKPOINTING:
+        raise ConfigError(
+            f"model.gradient_checkpointing={cfg.model.gradient_checkpointing} must be true, false or auto (on where "
+            "the model supports it)."
+        )
+    if cfg.eval.num_generations is not None and cfg.eval.num_generations < 1:
+        raise ConfigError(f"eval.num_generations={cfg.eval.num_generations} must be at least 1 (or null: as training).")
+
+
+def check_generation(generation: DictConfig) -> None:
+    """The sampling settings the core itself reads, whatever the backend (which checks the rest itself)."""
+    if generation.temperature <= 0:
+        raise ConfigError(
+            f"generation.temperature={generation.temperature} must be positive: the trainer divides the logits by "
+            "it to recompute the sampler's log-probs, so greedy decoding (0) cannot be trained on. Use 1.0 to "
+            "sample from the model as it is, or a smaller positive value (0.7, say) for sharper samples."
+        )
+    if generation.num_generations < 1:
+        raise ConfigError(
+            f"generation.num_generations={generation.num_generations} must be at least 1: it is the number of "
+            "completions per prompt (8 is TRL's default; group advantages need 2 or more)."
+        )
+    if generation.max_completion_length < 1:
+        raise ConfigError(
+            f"generation.max_completion_length={generation.max_completion_length} must be at least 1: it is the "
+            "number of tokens a completion may have (512 is TRL's default)."
+        )
+
+
+def check_training_length(trainer: DictConfig) -> None:
+    """max_steps counts optimizer steps; -1 (TRL's convention) trains num_train_epochs passes over the prompts."""
+    if trainer.max_steps == -1:
+        if trainer.num_train_epochs <= 0:
+            raise ConfigError(
+                f"trainer.max_steps=-1 trains trainer.num_train_epochs passes over the prompts, but "
+                f"trainer.num_train_epochs={trainer.num_train_epochs}: give a positive number of epochs (3, say), "
+                "or a number of optimizer steps with trainer.max_steps=N."
+            )
+    elif trainer.max_steps < 1:
+        raise ConfigError(
+            f"trainer.max_steps={trainer.max_steps} would train nothing: give the number of optimizer steps "
+            "(trainer.max_steps=500, say), or trainer.max_steps=-1 to train trainer.num_train_epochs passes over "
+            "the prompts."
+        )
+
+
+def corrects_rollouts(cfg: DictConfig, registry: Registry) -> bool:
+    """Whether the chosen rollout correction applies to this run's samples. The transformers backend samples with
+    the trained model itself, so its log-probs differ from the trainer's by rounding only: TRL corrects under vLLM
+    alone (a rollout_func's samples too), and algorithm.correct_policy_sampler=false (model=hf) does the same."""
+    if cfg.algorithm.correct_policy_sampler:
+        return True
+    return not registry.get("generation", cfg.generation.name).traits["samples_from_policy"]
+
+
+def _corrections_of_level(registry: Registry, levels) -> list[str]:
+    return [plugin.name for plugin in registry.plugins("rollout_correction") if plugin.traits["level"] in levels]

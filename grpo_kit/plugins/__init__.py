@@ -1,0 +1,1 @@
+"""Plugins found through entry points: the registry, lazy registration, the inventory."""

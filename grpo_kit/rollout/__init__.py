@@ -1,0 +1,1 @@
+"""Prompts -> completions -> rewards -> advantages: generation, scoring, tool use, replay, evaluation."""

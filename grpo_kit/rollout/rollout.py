@@ -1,0 +1,230 @@
+"""One generation batch: draw prompts -> generate -> score -> (hooks) -> advantages -> the tensors to train on.
+
+With several processes, each generates and scores whole groups of its own prompts; the rewards are gathered so
+that the advantages and the logged metrics are those of the whole batch, as in TRL, and each process keeps the
+advantages of its own completions.
+"""
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from accelerate.utils import gather_object
+
+from grpo_kit.contract.advantages import nanstd, weighted_rewards
+from grpo_kit.contract.eos import is_truncated
+from grpo_kit.contract.errors import PluginError
+from grpo_kit.contract.kinds import Completions, CustomRollout, Generation, RolloutResult
+from grpo_kit.contract.pipeline import Run, ScoredBatch
+from grpo_kit.rollout.prompts import PromptSampler, is_conversational, prompt_text
+from grpo_kit.rollout.replay import RolloutRecorder, RolloutReplay
+from grpo_kit.rollout.scoring import Scorer
+from grpo_kit.rollout.tool_use import ToolUse
+
+
+@dataclass
+class Rollout:
+    sampler: PromptSampler
+    generation: Generation
+    scorer: Scorer
+    reward_weights: torch.Tensor  # (K,)
+    advantage: object  # (rewards_per_func, weights, num_generations) -> (N,)
+    tokenizer: object
+    num_generations: int
+    mask_truncated_completions: bool
+    hooks: object  # the plugin manager's hook caller
+    accelerator: Any  # gathers across processes
+    eos_token_ids: list[int]  # every token that ends a completion (grpo_kit.contract.eos: the model's and the tokenizer's)
+    with_logprobs: bool = False  # ask the backend for the sampler's log-probs (for a rollout correction)
+    replay: RolloutReplay | None = None  # frozen rollouts to train on instead of generating
+    recorder: RolloutRecorder | None = None  # saves every scored batch
+    tool_use: ToolUse | None = None  # multi-turn generation with tools (+environment=NAME, tools=[...])
+    custom: CustomRollout | None = None  # a rollout plugin's generation instead (+rollout=NAME)
+
+    def __call__(self, run: Run, num_prompts: int) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
+        """This process's next `num_prompts` prompts as a generation batch: tensors for the objective, and the
+        metrics of the whole batch (every process's)."""
+        if self.replay is not None:
+            scored = self.replay.next()
+        else:
+            scored = self._scored_and_filtered(run, num_prompts)
+        every_reward = self._gather(scored.rewards_per_func)  # (N x processes, K), in process order
+        first = self.accelerator.process_index * len(scored.rows)
+        advantages = self.advantage(every_reward, self.reward_weights, self.num_generations)  # (N x processes,)
+        advantages = advantages[first : first + len(scored.rows)]  # (N,) this process's
+        advantages = chain(
+            self.hooks.on_advantages, "advantages", _same_shape, run=run, scored=scored, advantages=advantages
+        )
+        if self.recorder is not None:
+            self.recorder.save(scored, advantages)
+        self.last = (scored, advantages)  # for the sample log
+        return self._tensors(scored, advantages), self._metrics(scored, every_reward)
+
+    def _scored_and_filtered(self, run: Run, num_prompts: int) -> ScoredBatch:
+        scored = self._draw(num_prompts)
+        return chain(self.hooks.on_rollout_scored, "scored", _same_groups, run=run, scored=scored, draw=self._draw)
+
+    def _draw(self, num_prompts: int) -> ScoredBatch:
+        return self.score(self.sampler.draw(num_prompts))
+
+    def score(self, rows: list[dict], num_generations: int | None = None) -> ScoredBatch:
+        """Generate `num_generations` (by default the run's) completions for each row's prompt and score them."""
+        num_generations = num_generations or self.num_generations
+        rows = [row for row in rows for _ in range(num_generations)]  # each group's members are adjacent
+        prompts = [row["prompt"] for row in rows]
+        prompt_ids, completions, generated, extra_columns = self._generate(rows)
+        lengths = generated.completion_mask.sum(dim=1).tolist()  # the mask is a prefix of each row
+        completion_ids = [ids[:length] for ids, length in zip(generated.completion_ids.tolist(), lengths)]
+        columns = {key: [row[key] for row in rows] for key in rows[0] if key != "prompt"} | extra_columns
+        scores = self.scorer.score(prompts, completions, completion_ids, columns)
+        return ScoredBatch(
+            rows=rows,
+            prompt_ids=prompt_ids,
+            completions=completions,
+            completion_ids=completion_ids,
+            generated=generated,
+            rewards_per_func=scores.rewards,  # (N, K)
+            rewards=weighted_rewards(scores.rewards, self.reward_weights),
+            num_generations=num_generations,
+            metrics=scores.metrics,
+            extra_columns=scores.extra_columns,
+        )
+
+    def _generate(self, rows: list[dict]) -> tuple[list[list[int]], list, Completions, dict[str, list]]:
+        """Prompt ids, the completions as the rewards read them, their tensors, and extra reward columns."""
+        if self.custom is not None:
+            result = self.custom(rows, self.tokenizer, self.generation)
+            generated = completions_of(result, self.tokenizer, self.eos_token_ids, self.with_logprobs)
+            completions = result.completions or self._decoded(rows, generated)
+            return result.prompt_ids, completions, generated, result.columns
+        if self.tool_use is not None:
+            turns = self.tool_use(rows, self.with_logprobs)
+            return turns.prompt_ids, turns.completions, turns.generated, {}
+        prompt_texts = [prompt_text(self.tokenizer, row["prompt"]) for row in rows]
+        prompt_ids = self.tokenizer(prompt_texts, add_special_tokens=False).input_ids  # one call for the batch
+        generated = self.generation.generate(prompt_ids, with_logprobs=self.with_logprobs)
+        return prompt_ids, self._decoded(rows, generated), generated, {}
+
+    def _decoded(self, rows: list[dict], generated: Completions) -> list:
+        """Each completion's text, as an assistant message where the prompt is chat messages."""
+        lengths = generated.completion_mask.sum(dim=1).tolist()
+        ids = [row[:length] for row, length in zip(generated.completion_ids.tolist(), lengths)]
+        texts = self.tokenizer.batch_decode(ids, skip_special_tokens=True)
+        return [
+            [{"role": "assistant", "content": text}] if is_conversational(row["prompt"]) else text
+            for row, text in zip(rows, texts)
+        ]
+
+    def _tensors(self, scored: ScoredBatch, advantages: torch.Tensor) -> dict[str, torch.Tensor]:
+        generated = scored.generated
+        completion_mask = generated.completion_mask
+        if self.mask_truncated_completions:  # DAPO: a cut-off answer is neither rewarded nor punished
+            completion_mask = completion_mask * ~generated.is_truncated.unsqueeze(1)
+        padded = self.tokenizer.pad({"input_ids": scored.prompt_ids}, padding_side="left", return_tensors="pt")
+        batch = {
+            "prompt_ids": padded["input_ids"],  # (N, P)
+            "prompt_mask": padded["attention_mask"],  # (N, P)
+            "completion_ids": generated.completion_ids,  # (N, T)
+            "completion_mask": completion_mask,  # (N, T)
+            "advantages": advantages,  # (N,)
+        }
+        if generated.sampling_per_token_logps is not None:
+            batch["sampling_per_token_logps"] = generated.sampling_per_token_logps
+        if generated.tool_mask is not None:
+            batch["tool_mask"] = generated.tool_mask  # (N, T)
+        return batch
+
+    def _gather(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Every process's `tensor` concatenated along dim 0, on the CPU (NCCL gathers CUDA tensors only)."""
+        return self.accelerator.gather(tensor.to(self.accelerator.device)).cpu()
+
+    def _metrics(self, scored: ScoredBatch, rewards_per_func: torch.Tensor) -> dict[str, float]:
+        """The batch's metrics over every process: `rewards_per_func` (N x processes, K) is already gathered."""
+        gather = self._gather
+        rewards = weighted_rewards(rewards_per_func, self.reward_weights)  # (N x processes,)
+        group_std = nanstd(rewards.view(-1, self.num_generations), dim=1).nan_to_num(0.0)
+        generated = scored.generated
+        written = generated.completion_mask if generated.tool_mask is None else generated.completion_mask * generated.tool_mask
+        lengths = gather(written.sum(dim=1).float())  # the tokens the model wrote, as TRL counts them
+        metrics = {
+            "reward": rewards.nanmean().item(),
+            "reward_std": nanstd(rewards).item(),
+            "frac_reward_zero_std": (group_std < 1e-6).float().mean().item(),
+            "completions/mean_length": lengths.mean().item(),
+            "completions/max_length": lengths.max().item(),
+            "completions/clipped_ratio": gather(scored.generated.is_truncated.float()).mean().item(),
+        }
+        if generated.tool_calls is not None:
+            calls, failures = gather(generated.tool_calls.float()), gather(generated.tool_failures.float())
+            metrics["tools/call_frequency"] = calls.mean().item()  # calls per completion
+            metrics["tools/failure_frequency"] = (failures.sum() / calls.sum()).item() if calls.sum() > 0 else 0.0
+        # From scoring, rewards' log_metric and hooks: the mean of the processes' values, under the names any
+        # process has (a reward may log a metric on some processes only), in one order on every process.
+        names = sorted(set().union(*gather_object([list(scored.metrics)])))
+        if names:
+            values = gather(torch.tensor([[scored.metrics.get(name, math.nan) for name in names]]))
+            metrics |= dict(zip(names, values.nanmean(dim=0).tolist()))
+        for index, name in enumerate(self.scorer.rewards):
+            column = rewards_per_func[:, index]
+            metrics[f"rewards/{name}/mean"] = column.nanmean().item()
+            metrics[f"rewards/{name}/std"] = nanstd(column).item()
+        return metrics
+
+
+def completions_of(result: RolloutResult, tokenizer, eos_token_ids: list[int], with_logprobs: bool) -> Completions:
+    """A custom rollout's lists as the (N, T) tensors the training batch is made of."""
+    if with_logprobs and result.logprobs is None:
+        raise PluginError("The rollout plugin returned no `logprobs`, which this run's rollout correction needs.")
+    width = max(1, max(len(ids) for ids in result.completion_ids))
+
+    def padded(rows, value, dtype):  # (N, width)
+        return torch.tensor([list(row) + [value] * (width - len(row)) for row in rows], dtype=dtype)
+
+    ids = result.completion_ids
+    completion_ids = padded(ids, tokenizer.pad_token_id, torch.long)
+    completion_mask = padded([[1] * len(row) for row in ids], 0, torch.int)
+    return Completions(
+        completion_ids=completion_ids,
+        completion_mask=completion_mask,
+        is_truncated=is_truncated(completion_ids, completion_mask, eos_token_ids, tokenizer.pad_token_id),
+        sampling_per_token_logps=None if result.logprobs is None else padded(result.logprobs, 0.0, torch.float),
+        tool_mask=None if result.env_mask is None else padded(result.env_mask, 0, torch.int),
+    )
+
+
+def chain(hook, key: str, check, **arguments):
+    """Hand `arguments[key]` through every implementation of `hook`, each given what the one before returned
+    (None: unchanged), so that two filters both apply; pluggy's own firstresult call would stop at the first.
+
+    The order is the registration order (always-on modules, then `+hook=[a,b]`: a, then b), with
+    `hookimpl(tryfirst=True)` first and `trylast=True` last.
+    """
+    implementations = sorted(hook.get_hookimpls(), key=lambda impl: (not impl.tryfirst) + impl.trylast)
+    for impl in implementations:
+        result = impl.function(*(arguments[name] for name in impl.argnames))
+        if result is not None:
+            check(result, arguments[key], f"The {hook.name} hook of {_plugin_name(impl)}")
+            arguments[key] = result
+    return arguments[key]
+
+
+def _same_groups(replaced: ScoredBatch, scored: ScoredBatch, who: str) -> None:
+    if replaced.num_groups != scored.num_groups:
+        raise PluginError(
+            f"{who} returned {replaced.num_groups} groups for a batch of {scored.num_groups}: a filter must keep "
+            "the batch size (replace the groups it drops with groups from `draw`)."
+        )
+
+
+def _same_shape(replaced: torch.Tensor, advantages: torch.Tensor, who: str) -> None:
+    if replaced.shape != advantages.shape:
+        raise PluginError(
+            f"{who} returned advantages of shape {tuple(replaced.shape)} for {tuple(advantages.shape)}: "
+            "return one advantage per completion."
+        )
+
+
+def _plugin_name(impl) -> str:
+    """A module's name, or the class of a hook plugin selected with +hook=NAME."""
+    return getattr(impl.plugin, "__name__", type(impl.plugin).__name__)
