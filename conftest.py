@@ -19,7 +19,9 @@ def registry(monkeypatch):
     return Registry(plugin_manager())
 
 
-TRL_VERSION = "1.16.0"  # the TRL whose GRPOTrainer grpo_kit computes exactly (docs/architecture.md), pinned in requirements.txt
+TRL_VERSION = (
+    "1.16.0"  # the TRL whose GRPOTrainer grpo_kit computes exactly (docs/architecture.md), pinned in requirements.txt
+)
 
 
 @pytest.fixture(scope="session")
@@ -61,7 +63,9 @@ def local_plugin(tmp_path, monkeypatch):
 def plain_loss_registry(local_plugin):
     """The installed plugins and `plain_pg`, a loss class that declares nothing: no base class, no attributes, no
     config, no Liger equivalent, so the core supplies every default grpo_kit/contract/kinds.py gives."""
-    module = local_plugin("plain_pg_loss", """
+    module = local_plugin(
+        "plain_pg_loss",
+        """
         import grpo_kit
         from grpo_kit.contract.reductions import sequence_mean
 
@@ -75,7 +79,8 @@ def plain_loss_registry(local_plugin):
         @grpo_kit.hookimpl
         def register_losses(register):
             register("plain_pg", PlainPG)
-    """)
+    """,
+    )
     return Registry(plugin_manager(local_modules=[module]))
 
 
@@ -85,13 +90,16 @@ def installed(request, registry, local_plugin, tmp_path, monkeypatch):
     a test must pass whatever else a user has installed. Subprocesses load it too (GRPO_KIT_PLUGINS)."""
     if request.param == "built-ins":
         return registry
-    module = local_plugin("aardvark_loss", """
+    module = local_plugin(
+        "aardvark_loss",
+        """
         import grpo_kit
 
         @grpo_kit.hookimpl
         def register_losses(register):
             register("aardvark", "aardvark_loss:Never")  # an import path: never imported unless a run selects it
-    """)
+    """,
+    )
     monkeypatch.setenv("GRPO_KIT_PLUGINS", module)
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]))
     return Registry(plugin_manager())
@@ -100,7 +108,9 @@ def installed(request, registry, local_plugin, tmp_path, monkeypatch):
 @pytest.fixture
 def digits_registry(local_plugin):
     """The installed plugins and `digits`, a reward an untrained model can earn: the share of digits it writes."""
-    module = local_plugin("digits_reward", """
+    module = local_plugin(
+        "digits_reward",
+        """
         import grpo_kit
 
         def digits(prompts, completions, completion_ids, **columns):
@@ -109,7 +119,8 @@ def digits_registry(local_plugin):
         @grpo_kit.hookimpl
         def register_rewards(register):
             register("digits", digits)
-    """)
+    """,
+    )
     return Registry(plugin_manager(local_modules=[module]))
 
 

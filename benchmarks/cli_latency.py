@@ -100,8 +100,10 @@ def main():
         )
         runs.append([float(value) for value in child.stdout.split()[-3:]])
     first, second, workers = (statistics.median(values) for values in zip(*runs))
-    print(f"accuracy reward, first batch of 128: {first:.2f} s, second: {second:.2f} s, first-step extra: "
-          f"{first - second:.2f} s, worker processes started: {workers:.0f}")
+    print(
+        f"accuracy reward, first batch of 128: {first:.2f} s, second: {second:.2f} s, first-step extra: "
+        f"{first - second:.2f} s, worker processes started: {workers:.0f}"
+    )
 
 
 if __name__ == "__main__":

@@ -24,8 +24,15 @@ LIMIT = 2.5  # two runs at once on the cores of one: each step at most this many
 
 
 def start(run_dir: Path, steps: int, env: dict[str, str]) -> subprocess.Popen:
-    command = [sys.executable, "-m", "grpo_kit", "+reward=accuracy", f"trainer.max_steps={steps}",
-               "trainer.progress_bar=false", f"hydra.run.dir={run_dir}"]
+    command = [
+        sys.executable,
+        "-m",
+        "grpo_kit",
+        "+reward=accuracy",
+        f"trainer.max_steps={steps}",
+        "trainer.progress_bar=false",
+        f"hydra.run.dir={run_dir}",
+    ]
     return subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
 
 

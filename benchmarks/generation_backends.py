@@ -30,10 +30,22 @@ WARM_UP = 5
 def seconds_per_step(backend: str, steps: int, folder: Path) -> float:
     run_dir = folder / f"{backend}-{len(list(folder.iterdir()))}"
     subprocess.run(
-        [sys.executable, "-m", "grpo_kit", "+loss=dapo", "+reward=accuracy", *BACKENDS[backend],
-         f"trainer.max_steps={steps}", "trainer.save_model=false", "trainer.progress_bar=false", "trainer.logging_steps=1",
-         f"hydra.run.dir={run_dir}"],
-        check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        [
+            sys.executable,
+            "-m",
+            "grpo_kit",
+            "+loss=dapo",
+            "+reward=accuracy",
+            *BACKENDS[backend],
+            f"trainer.max_steps={steps}",
+            "trainer.save_model=false",
+            "trainer.progress_bar=false",
+            "trainer.logging_steps=1",
+            f"hydra.run.dir={run_dir}",
+        ],
+        check=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
     lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     times = [line["seconds_per_step"] for line in lines if line.get("step", 0) > WARM_UP and "seconds_per_step" in line]
@@ -52,8 +64,10 @@ def main():
                 results[backend].append(seconds_per_step(backend, args.steps, Path(folder)))
                 print(f"{backend:>13}: {results[backend][-1]:.3f} s/step", flush=True)
     medians = {backend: statistics.median(values) for backend, values in results.items()}
-    print(f"\nmedian s/step  transformers {medians['transformers']:.3f}  vllm_server {medians['vllm_server']:.3f}  "
-          f"ratio vllm_server/transformers {medians['vllm_server'] / medians['transformers']:.2f}x")
+    print(
+        f"\nmedian s/step  transformers {medians['transformers']:.3f}  vllm_server {medians['vllm_server']:.3f}  "
+        f"ratio vllm_server/transformers {medians['vllm_server'] / medians['transformers']:.2f}x"
+    )
 
 
 if __name__ == "__main__":

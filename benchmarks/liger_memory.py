@@ -44,8 +44,13 @@ def measure(setting: str, args) -> dict:
 
     torch.manual_seed(0)
     config = Qwen2Config(
-        vocab_size=args.vocab, hidden_size=args.hidden, intermediate_size=2 * args.hidden, num_hidden_layers=args.layers,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=args.prompt + args.length,
+        vocab_size=args.vocab,
+        hidden_size=args.hidden,
+        intermediate_size=2 * args.hidden,
+        num_hidden_layers=args.layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=args.prompt + args.length,
         tie_word_embeddings=True,
     )
     device = torch.device(args.device)
@@ -65,14 +70,14 @@ def measure(setting: str, args) -> dict:
         "ref_per_token_logps": -12.0 + 0.1 * torch.randn(batch_size, length, generator=generator),
     }
     batch["completion_mask"][:, length - length // 8 :] = 0  # some padding
-    batch["num_items_in_batch"] = batch["completion_mask"].sum()
+    reduction = grpo_kit.Reduction.whole_batch(batch["completion_mask"], policy_loss.objective.max_completion_length)
     batch = {name: tensor.to(device) for name, tensor in batch.items()}
     cuda = device.type == "cuda"
     baseline = torch.cuda.memory_allocated(device) / 2**20 if cuda else resident_mib()
     seconds = []
     for _ in range(args.steps + 1):
         started = time.perf_counter()
-        out = policy_loss(model, batch, gradient_accumulation_steps=1, steps_per_generation=1, num_processes=1)
+        out = policy_loss(model, batch, reduction)
         out.loss.backward()
         if cuda:
             torch.cuda.synchronize(device)

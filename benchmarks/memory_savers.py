@@ -34,10 +34,13 @@ def measure(model_dir: str, setting: dict, batch: int, length: int, steps: int) 
     from accelerate import Accelerator
 
     from grpo_kit.config.compose import LoraConfig, ModelConfig
-    from grpo_kit.model.loading import load_model, per_token_logps_and_entropies
+    from grpo_kit.model.loading import load_model
+    from grpo_kit.model.logprobs import per_token_logps_and_entropies
 
     lora = LoraConfig(**setting.get("lora", {}))
-    config = ModelConfig(name_or_path=model_dir, gradient_checkpointing=setting.get("gradient_checkpointing", False), lora=lora)
+    config = ModelConfig(
+        name_or_path=model_dir, gradient_checkpointing=setting.get("gradient_checkpointing", False), lora=lora
+    )
     model, _ = load_model(config)
     accelerator = Accelerator(mixed_precision=setting.get("mixed_precision", "no"))
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-5)
@@ -85,13 +88,30 @@ def main():
     with tempfile.TemporaryDirectory() as model_dir:
         # The character tokenizer's vocabulary is tiny; a real vocabulary would add the same logits cost everywhere.
         build_tiny_model(
-            model_dir, hidden_size=args.hidden, intermediate_size=4 * args.hidden, num_hidden_layers=args.layers,
-            num_attention_heads=8, num_key_value_heads=2, max_position_embeddings=args.length + 64,
+            model_dir,
+            hidden_size=args.hidden,
+            intermediate_size=4 * args.hidden,
+            num_hidden_layers=args.layers,
+            num_attention_heads=8,
+            num_key_value_heads=2,
+            max_position_embeddings=args.length + 64,
         )
         results = {}
         for name in SETTINGS:
-            command = [sys.executable, __file__, "--measure", name, "--model-dir", model_dir, "--batch", str(args.batch),
-                       "--length", str(args.length), "--steps", str(args.steps)]
+            command = [
+                sys.executable,
+                __file__,
+                "--measure",
+                name,
+                "--model-dir",
+                model_dir,
+                "--batch",
+                str(args.batch),
+                "--length",
+                str(args.length),
+                "--steps",
+                str(args.steps),
+            ]
             output = subprocess.run(command, check=True, capture_output=True, text=True).stdout
             results[name] = json.loads(output.strip().splitlines()[-1])
     plain = results["plain"]

@@ -181,8 +181,16 @@ PHASES = PhaseTimer()
 # The profile's rows. "rollout" holds generate, score and the old/ref log-probs; "rollout other" is the rest of it
 # (tokenising, decoding, advantages, batching). "other" is what a step spends outside all the timed phases.
 PROFILE_ROWS = [
-    "generate", "score", "old/ref log-probs", "rollout other", "forward+loss", "backward", "clip grad norm",
-    "optimizer step", "other", "step",
+    "generate",
+    "score",
+    "old/ref log-probs",
+    "rollout other",
+    "forward+loss",
+    "backward",
+    "clip grad norm",
+    "optimizer step",
+    "other",
+    "step",
 ]
 
 
@@ -199,14 +207,14 @@ def time_common_phases(timer: PhaseTimer) -> None:
 def time_grpo_kit_phases(timer: PhaseTimer) -> None:
     import grpo_kit.objective.policy_loss
     import grpo_kit.rollout.scoring
-    import grpo_kit.training.trainer
+    import grpo_kit.training.batches
     import grpo_kit_transformers.generation
 
     time_common_phases(timer)
-    timer.wrap(grpo_kit.training.trainer, "generate_batch", "rollout")  # train() looks it up in the module at each call
+    timer.wrap(grpo_kit.training.batches.GenerationBatches, "make", "rollout")
     timer.wrap(grpo_kit_transformers.generation.TransformersGeneration, "generate", "generate")
     timer.wrap(grpo_kit.rollout.scoring.Scorer, "__call__", "score")
-    timer.wrap(grpo_kit.training.trainer.ReferenceQuantities, "add", "old/ref log-probs")
+    timer.wrap(grpo_kit.training.batches.GenerationBatches, "add_references", "old/ref log-probs")
     timer.wrap(grpo_kit.objective.policy_loss.PolicyLoss, "__call__", "forward+loss")
 
 
@@ -220,7 +228,8 @@ def time_trl_phases(timer: PhaseTimer, trainer_class) -> None:
     # The no-gradient passes (old and reference log-probs) run inside the rollout; the one with a gradient inside
     # compute_loss, which is timed whole.
     timer.wrap(
-        trainer_class, "_get_per_token_logps_and_entropies",
+        trainer_class,
+        "_get_per_token_logps_and_entropies",
         lambda *_, **__: "policy log-probs" if torch.is_grad_enabled() else "old/ref log-probs",
     )
     timer.wrap(trainer_class, "compute_loss", "forward+loss")
@@ -337,8 +346,14 @@ def bare_child(workload: Workload, max_steps: int, workdir: Path, out: Path, see
     rows = [json.loads(line) for line in (workdir / "prompts.jsonl").read_text().splitlines()]
     random.Random(seed).shuffle(rows)
     generation_config = GenerationConfig(
-        max_new_tokens=workload.max_completion_length, do_sample=True, temperature=1.0, top_p=1.0, top_k=0,
-        pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id, disable_compile=True,
+        max_new_tokens=workload.max_completion_length,
+        do_sample=True,
+        temperature=1.0,
+        top_p=1.0,
+        top_k=0,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        disable_compile=True,
         **(workload.generation_kwargs or {}),
     )
     prompts_per_generation = workload.completions_per_step // NUM_GENERATIONS
@@ -347,8 +362,11 @@ def bare_child(workload: Workload, max_steps: int, workdir: Path, out: Path, see
 
     def log_probs(policy, batch):  # (B, T), as grpo_kit and TRL compute them: the completion's tokens only
         length = batch["completion_mask"].shape[1]
-        logits = policy(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                        logits_to_keep=length + 1).logits[:, :-1].float()
+        logits = (
+            policy(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], logits_to_keep=length + 1)
+            .logits[:, :-1]
+            .float()
+        )
         return logits.log_softmax(-1).gather(-1, batch["input_ids"][:, -length:].unsqueeze(-1)).squeeze(-1)
 
     step_ends, generations, micro_step, micro_batches, cursor = {}, [], 0, [], 0
@@ -359,8 +377,9 @@ def bare_child(workload: Workload, max_steps: int, workdir: Path, out: Path, see
                 chosen = rows[cursor : cursor + prompts_per_generation]
                 cursor += prompts_per_generation
                 texts = [row["prompt"] for row in chosen for _ in range(NUM_GENERATIONS)]
-                prompts = tokenizer(texts, add_special_tokens=False, padding=True, padding_side="left",
-                                    return_tensors="pt")
+                prompts = tokenizer(
+                    texts, add_special_tokens=False, padding=True, padding_side="left", return_tensors="pt"
+                )
                 model.eval()
                 with PHASES.time("generate"), torch.no_grad():
                     sequences = model.generate(**prompts, generation_config=generation_config)
@@ -373,8 +392,9 @@ def bare_child(workload: Workload, max_steps: int, workdir: Path, out: Path, see
                 # that this policy learns as theirs do and its completions keep comparable lengths.
                 with PHASES.time("score"):
                     answers = tokenizer.batch_decode(completions * completion_mask, skip_special_tokens=True)
-                    rewards = torch.tensor(sum_accuracy(answers, [row["solution"] for row in chosen
-                                                                  for _ in range(NUM_GENERATIONS)]))
+                    rewards = torch.tensor(
+                        sum_accuracy(answers, [row["solution"] for row in chosen for _ in range(NUM_GENERATIONS)])
+                    )
                     groups = rewards.view(-1, NUM_GENERATIONS)
                     advantages = (groups - groups.mean(1, keepdim=True)) / (groups.std(1, keepdim=True) + 1e-4)
                 batch = {
@@ -440,7 +460,12 @@ def build_model(directory: Path) -> None:
     if tokenizer.convert_tokens_to_ids(tokenizer.eos_token) != 1:
         raise SystemExit("The character tokenizer's EOS is no longer token 1: update Workload.generation_kwargs.")
     build_tiny_model(
-        directory, seed=MODEL_SEED, hidden_size=128, intermediate_size=256, num_hidden_layers=4, num_attention_heads=4,
+        directory,
+        seed=MODEL_SEED,
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=4,
+        num_attention_heads=4,
         num_key_value_heads=2,
         max_position_embeddings=1024,  # prompt (4 tokens) + 512 completion tokens fit
     )
@@ -521,8 +546,21 @@ def run_side(
             command = [sys.executable, "-m", "grpo_kit", *overrides]
     else:
         command = [
-            sys.executable, __file__, "--child", side, "--workload", workload.name, "--max-steps", str(max_steps),
-            "--workdir", str(workdir), "--out", str(out), "--seed", str(seed), *(["--profile"] if profile else []),
+            sys.executable,
+            __file__,
+            "--child",
+            side,
+            "--workload",
+            workload.name,
+            "--max-steps",
+            str(max_steps),
+            "--workdir",
+            str(workdir),
+            "--out",
+            str(out),
+            "--seed",
+            str(seed),
+            *(["--profile"] if profile else []),
         ]
     peak_mib, wall = run_child(command, env, log_path)
     record = json.loads(out.read_text())
@@ -557,9 +595,7 @@ def whole_cycles(first: int, last: int, cycle: int) -> tuple[int, int]:
 def seconds_per_step(step_ends: dict[int, float], first: int, last: int, cycle: int) -> list[float]:
     """Seconds per step of each whole generation cycle within steps first..last."""
     first, last = whole_cycles(first, last, cycle)
-    return [
-        (step_ends[start + cycle - 1] - step_ends[start - 1]) / cycle for start in range(first, last + 1, cycle)
-    ]
+    return [(step_ends[start + cycle - 1] - step_ends[start - 1]) / cycle for start in range(first, last + 1, cycle)]
 
 
 def check(workload: Workload, records: dict[str, list[dict]], max_steps: int) -> list[str]:
@@ -571,17 +607,23 @@ def check(workload: Workload, records: dict[str, list[dict]], max_steps: int) ->
             where = f"{workload.name} {side} round {index}"
             counts = [len(lengths) for lengths in record["generations"]]
             if set(counts) != {workload.completions_per_step}:
-                failures.append(f"{where}: completions per generation batch {sorted(set(counts))}, "
-                                f"expected {workload.completions_per_step}")
+                failures.append(
+                    f"{where}: completions per generation batch {sorted(set(counts))}, "
+                    f"expected {workload.completions_per_step}"
+                )
             if len(counts) != expected_generations:
-                failures.append(f"{where}: {len(counts)} generation batches in {max_steps} steps, expected "
-                                f"{expected_generations} (num_iterations {workload.num_iterations})")
+                failures.append(
+                    f"{where}: {len(counts)} generation batches in {max_steps} steps, expected "
+                    f"{expected_generations} (num_iterations {workload.num_iterations})"
+                )
             lengths = [length for batch in record["generations"] for length in batch]
             if max(lengths) > workload.max_completion_length:
                 failures.append(f"{where}: a completion of {max(lengths)} tokens, above the cap")
             if workload.forced_length and set(lengths) != {workload.max_completion_length}:
-                failures.append(f"{where}: completion lengths {sorted(set(lengths))[:5]}..., expected all "
-                                f"{workload.max_completion_length}")
+                failures.append(
+                    f"{where}: completion lengths {sorted(set(lengths))[:5]}..., expected all "
+                    f"{workload.max_completion_length}"
+                )
             if side == "bare":
                 continue
             settings = record["settings"]
@@ -614,7 +656,9 @@ def median(values: list[float]) -> float:
 def summarise(workload: Workload, records: dict[str, list[dict]], first: int, last: int) -> dict:
     row = {}
     for side, runs in records.items():
-        values = [v for record in runs for v in seconds_per_step(record["step_ends"], first, last, workload.num_iterations)]
+        values = [
+            v for record in runs for v in seconds_per_step(record["step_ends"], first, last, workload.num_iterations)
+        ]
         lengths = [length for record in runs for batch in record["generations"] for length in batch]
         row[side] = {
             "seconds": median(values),
@@ -640,7 +684,8 @@ def print_table(rows: dict[str, dict], ranges: dict[str, tuple[int, int]]) -> No
         print(
             f"{name:10} {f'{first}-{last}':>6} {ours['seconds']:16.3f} {theirs['seconds']:11.3f} "
             f"{ours['seconds'] / theirs['seconds']:6.2f} {ours['peak_mib']:18.0f} {theirs['peak_mib']:13.0f} "
-            f"{bare['seconds']:12.3f} {ours['seconds'] / bare['seconds']:14.2f} {theirs['seconds'] / bare['seconds']:9.2f}"
+            f"{bare['seconds']:12.3f} {ours['seconds'] / bare['seconds']:14.2f} "
+            f"{theirs['seconds'] / bare['seconds']:9.2f}"
         )
     print()
     print("per round (median s/step), mean completion length, bare peak MiB:")
@@ -681,13 +726,17 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="a smoke run: one round of a few steps")
     parser.add_argument("--profile", action="store_true", help="one run per side with per-phase timings instead")
     parser.add_argument(
-        "--threads", type=int, default=1,
+        "--threads",
+        type=int,
+        default=1,
         help="torch threads of every run (default 1: on a shared machine, OpenMP threads that wait for a busy core "
         "at every barrier made steps 25 times slower)",
     )
     parser.add_argument("--keep", action="store_true", help="keep the work folder (runs, logs, records)")
     parser.add_argument(
-        "--resume", type=Path, metavar="WORK_FOLDER",
+        "--resume",
+        type=Path,
+        metavar="WORK_FOLDER",
         help="go on with a race that was stopped (the work folder it printed), with the same options: the runs it "
         "finished are not run again",
     )
@@ -720,9 +769,12 @@ def main() -> None:
     workdir = args.resume or Path(tempfile.mkdtemp(prefix="grpo_kit-race-"))
     (workdir / "logs").mkdir(exist_ok=True)
     started = time.perf_counter()
-    print(f"race.py: {', '.join(names)}, {rounds} round(s), {args.threads} torch thread(s) per run, {os.cpu_count()} "
-          f"CPUs, load {os.getloadavg()[0]:.2f}; "
-          f"work folder {workdir}", flush=True)
+    print(
+        f"race.py: {', '.join(names)}, {rounds} round(s), {args.threads} torch thread(s) per run, {os.cpu_count()} "
+        f"CPUs, load {os.getloadavg()[0]:.2f}; "
+        f"work folder {workdir}",
+        flush=True,
+    )
     if not (workdir / "prompts.jsonl").exists():  # written last: a resumed race has both
         build_model(workdir / "model")
         write_prompts(workdir / "prompts.jsonl")
@@ -745,16 +797,23 @@ def main() -> None:
                 records[name][side].append(record)
                 first = ranges[name][0]
                 per_step = median(seconds_per_step(record["step_ends"], first, last, workload.num_iterations))
-                print(f"  round {round_number} {name} {side:8}: {per_step:7.3f} s/step, peak {record['peak_mib']:5.0f} "
-                      f"MiB, process {record['wall']:6.1f} s{' (finished earlier)' if resumed else ''}", flush=True)
+                print(
+                    f"  round {round_number} {name} {side:8}: {per_step:7.3f} s/step, peak {record['peak_mib']:5.0f} "
+                    f"MiB, process {record['wall']:6.1f} s{' (finished earlier)' if resumed else ''}",
+                    flush=True,
+                )
 
     failures = [failure for name in names for failure in check(WORKLOADS[name], records[name], ranges[name][1])]
-    print(f"\nchecks: {'all passed' if not failures else f'{len(failures)} FAILED'} (completions per batch, "
-          "generation batches, cap, W3 lengths, settings, float32, kl in W2)")
+    print(
+        f"\nchecks: {'all passed' if not failures else f'{len(failures)} FAILED'} (completions per batch, "
+        "generation batches, cap, W3 lengths, settings, float32, kl in W2)"
+    )
     if args.profile:
         profiles = {
             name: {
-                side: phase_profile(runs[0]["phases"], runs[0]["step_ends"], *ranges[name], WORKLOADS[name].num_iterations)
+                side: phase_profile(
+                    runs[0]["phases"], runs[0]["step_ends"], *ranges[name], WORKLOADS[name].num_iterations
+                )
                 for side, runs in records[name].items()
             }
             for name in names

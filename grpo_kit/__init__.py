@@ -42,7 +42,7 @@ _IMPORTED_ON_USE = {
     "eos_mask": "grpo_kit.contract.eos",
     "eos_token_ids": "grpo_kit.contract.eos",
     "is_truncated": "grpo_kit.contract.eos",
-    "train": "grpo_kit.training.trainer",
+    "train": "grpo_kit.training.loop",
 }
 
 

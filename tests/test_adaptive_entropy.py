@@ -20,8 +20,8 @@ import grpo_kit
 from grpo_kit.objective.objective import build_objective, high_entropy_mask, loss_mask
 from grpo_kit.objective.policy_loss import build_policy_loss
 from grpo_kit.testing import tiny_run
-from grpo_kit.testing.micro_batches import random_micro_batch
-from grpo_kit.training.trainer import Optimization
+from grpo_kit.testing.micro_batches import half_a_generation_batch, random_micro_batch
+from grpo_kit.training.optimization import Optimization
 
 STEPS, ACCUMULATION, LENGTH = 6, 2, 6
 CONTROL = [  # the coefficient starts at 0.03 and is clamped to [0.01, 0.06] within a few steps
@@ -92,8 +92,13 @@ def step_entropies(policy_loss, model, batches, quantile):
 def test_coefficient_losses_and_logs_equal_trl_step_by_step(registry, trl, tiny_model, loss, quantile):
     model = AutoModelForCausalLM.from_pretrained(tiny_model)
     batches = [random_micro_batch(model.config.vocab_size, length=LENGTH, seed=seed) for seed in range(STEPS * 2)]
-    overrides = [f"+loss={loss}", f"algorithm.top_entropy_quantile={quantile}", *CONTROL,
-                 f"trainer.gradient_accumulation_steps={ACCUMULATION}", f"generation.max_completion_length={LENGTH}"]
+    overrides = [
+        f"+loss={loss}",
+        f"algorithm.top_entropy_quantile={quantile}",
+        *CONTROL,
+        f"trainer.gradient_accumulation_steps={ACCUMULATION}",
+        f"generation.max_completion_length={LENGTH}",
+    ]
     plain = grpo_kit.compose(overrides, registry)
     measured = step_entropies(build_policy_loss(plain, build_objective(plain, registry)), model, batches, quantile)
     middle = len(measured) // 2
@@ -105,23 +110,28 @@ def test_coefficient_losses_and_logs_equal_trl_step_by_step(registry, trl, tiny_
         accelerator = Accelerator(cpu=True)
         optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
-        ours = Optimization(model, optimizer, scheduler, accelerator, policy_loss, ACCUMULATION, ACCUMULATION, 1.0)
+        ours = Optimization(model, optimizer, scheduler, accelerator, policy_loss, 1.0)
         theirs = trl_stand_in(trl, cfg, accelerator)
         coefficients, logged = [], []
         for index, batch in enumerate(batches):
             ends_step = index % ACCUMULATION == ACCUMULATION - 1
-            out, finite, _ = ours.train_on(batch, True, ends_step)
+            reduction = half_a_generation_batch(batch, LENGTH, ACCUMULATION, ACCUMULATION)
+            out, finite, _ = ours.train_on(batch, reduction, True, ends_step)
             assert finite
             with torch.no_grad():
                 logps, entropies = policy_loss.logps(model, batch)
             theirs._get_per_token_logps_and_entropies = lambda *args, **kwargs: (logps, entropies, None)
             accelerator.sync_gradients = ends_step
-            expected = trl.GRPOTrainer._compute_loss(theirs, None, batch)
+            trl_batch = batch | {"num_items_in_batch": torch.tensor(reduction.num_items_in_batch)}  # where TRL reads it
+            expected = trl.GRPOTrainer._compute_loss(theirs, None, trl_batch)
             where = f"{loss}, quantile {quantile}, target {target:.4f}, micro-batch {index}"
             torch.testing.assert_close(out.loss.detach(), expected, atol=1e-6, rtol=1e-6, msg=where)
             torch.testing.assert_close(
                 out.metrics["policy_loss"].item() / (1 if loss == "grpo" else ACCUMULATION),
-                theirs._metrics["train"]["policy_loss"][-1], atol=1e-6, rtol=1e-6, msg=where,
+                theirs._metrics["train"]["policy_loss"][-1],
+                atol=1e-6,
+                rtol=1e-6,
+                msg=where,
             )
             if ends_step:
                 assert ours.entropy_control.coef == pytest.approx(theirs.entropy_coef, abs=1e-12), where
@@ -158,8 +168,16 @@ def test_every_step_applies_the_coefficient_the_last_step_left(registry, tiny_mo
 def test_resumed_run_goes_on_with_the_saved_coefficient(registry, tiny_model, tmp_path):
     """The coefficient and the last step's entropy are in the checkpoint: a run resumed from step 2 logs steps 3 and
     4 as the unbroken run did (loss and coefficient), where a fresh controller would apply no bonus at step 3."""
-    overrides = tiny_run(tiny_model, "+reward=accuracy", *CONTROL, "algorithm.entropy_target=100", "trainer.max_steps=4",
-                         "trainer.save_steps=1", "trainer.save_total_limit=4", "trainer.sample_every=0")
+    overrides = tiny_run(
+        tiny_model,
+        "+reward=accuracy",
+        *CONTROL,
+        "algorithm.entropy_target=100",
+        "trainer.max_steps=4",
+        "trainer.save_steps=1",
+        "trainer.save_total_limit=4",
+        "trainer.sample_every=0",
+    )
     unbroken = grpo_kit.train(grpo_kit.compose(overrides, registry), tmp_path / "unbroken", registry)
     checkpoint = unbroken / "checkpoints" / "step-000002"
     resumed = grpo_kit.train(
@@ -177,5 +195,7 @@ def test_resumed_run_goes_on_with_the_saved_coefficient(registry, tiny_model, tm
 
 def test_bounds_the_wrong_way_round_are_refused(registry):
     with pytest.raises(grpo_kit.ConfigError, match="entropy_coef_min=0.5 is above algorithm.entropy_coef_max=0.1"):
-        grpo_kit.compose(["algorithm.use_adaptive_entropy=true", "algorithm.entropy_coef_min=0.5",
-                          "algorithm.entropy_coef_max=0.1"], registry)
+        grpo_kit.compose(
+            ["algorithm.use_adaptive_entropy=true", "algorithm.entropy_coef_min=0.5", "algorithm.entropy_coef_max=0.1"],
+            registry,
+        )

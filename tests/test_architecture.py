@@ -50,8 +50,20 @@ def test_core_names_no_plugin_in_its_code():
 
 # The layers from the bottom up: a module may import its own layer and those below it, never one above.
 # docs/architecture.md draws them.
-LAYERS = ["contract", "embedded", "plugins", "config", "model", "objective", "rollout", "outputs", "report", "training",
-          "cli", "testing"]
+LAYERS = [
+    "contract",
+    "embedded",
+    "plugins",
+    "config",
+    "model",
+    "objective",
+    "rollout",
+    "outputs",
+    "report",
+    "training",
+    "cli",
+    "testing",
+]
 
 
 def grpo_kit_imports(path: Path) -> list[tuple[int, str]]:
@@ -96,3 +108,9 @@ def test_no_layer_shadows_a_public_name():
     import grpo_kit
 
     assert set(LAYERS) & set(grpo_kit.__all__) == set()
+
+
+def test_the_training_loop_reads_in_one_sitting():
+    """grpo_kit/training/loop.py is setup, then generate -> score -> advantages -> log-probs -> loss -> step, end of
+    step: what does not tell that story lives in the modules it calls."""
+    assert len((CORE / "training" / "loop.py").read_text().splitlines()) < 150

@@ -18,9 +18,17 @@ from grpo_kit.rollout.prompts import load_prompts
 
 
 def tiny(tiny_model, *extra):
-    return ["+loss=dapo", "+reward=accuracy", f"model.name_or_path={tiny_model}", "generation.num_generations=4",
-            "trainer.per_device_train_batch_size=8", "trainer.max_steps=2", "trainer.progress_bar=false",
-            "generation.max_completion_length=8", *extra]
+    return [
+        "+loss=dapo",
+        "+reward=accuracy",
+        f"model.name_or_path={tiny_model}",
+        "generation.num_generations=4",
+        "trainer.per_device_train_batch_size=8",
+        "trainer.max_steps=2",
+        "trainer.progress_bar=false",
+        "generation.max_completion_length=8",
+        *extra,
+    ]
 
 
 def write_jsonl(path, rows):
@@ -46,7 +54,10 @@ def test_empty_dataset(registry, tiny_model, tmp_path):
 def test_reward_column_the_dataset_lacks(registry, tiny_model, tmp_path):
     data = write_jsonl(tmp_path / "data.jsonl", [{"prompt": "1+1=", "answer": "2"}])
     cfg = grpo_kit.compose(tiny(tiny_model, f"data.path={data}"), registry)
-    message = r"Reward 'accuracy' needs the dataset column\(s\) solution.*columns: prompt, answer\). Set reward.accuracy.solution_column to the column"
+    message = (
+        r"Reward 'accuracy' needs the dataset column\(s\) solution.*columns: prompt, answer\). "
+        "Set reward.accuracy.solution_column to the column"
+    )
     with pytest.raises(ValueError, match=message):
         grpo_kit.train(cfg, tmp_path / "run", registry)
     cfg = grpo_kit.compose(tiny(tiny_model, f"data.path={data}", "reward.accuracy.solution_column=answer"), registry)
@@ -54,7 +65,9 @@ def test_reward_column_the_dataset_lacks(registry, tiny_model, tmp_path):
 
 
 def test_prompt_longer_than_the_context(registry, tiny_model, tmp_path):
-    data = write_jsonl(tmp_path / "data.jsonl", [{"prompt": "1+1=", "solution": "2"}, {"prompt": "1" * 200, "solution": "1"}])
+    data = write_jsonl(
+        tmp_path / "data.jsonl", [{"prompt": "1+1=", "solution": "2"}, {"prompt": "1" * 200, "solution": "1"}]
+    )
     cfg = grpo_kit.compose(tiny(tiny_model, f"data.path={data}"), registry)
     with pytest.raises(ValueError, match=r"Prompt 1 of the dataset is 200 tokens long.*context of 128 tokens"):
         grpo_kit.train(cfg, tmp_path / "run", registry)
@@ -128,32 +141,38 @@ def test_full_disk_while_saving_keeps_the_previous_checkpoint(registry, tiny_mod
 
 def never_loaded(monkeypatch):
     """Make loading a model fail the test: the error under test must come first."""
-    from grpo_kit.training import trainer
+    from grpo_kit.training import setup
 
     def load_model(*args, **kwargs):
         raise AssertionError("the model was loaded before the bad input was found")
 
-    monkeypatch.setattr(trainer, "load_model", load_model)
+    monkeypatch.setattr(setup, "load_model", load_model)
 
 
-@pytest.mark.parametrize("setting, message", [
-    ("generation.temperature=0", r"generation.temperature=0.0 must be positive: .* Use 1.0 to sample"),
-    ("generation.temperature=-1", r"generation.temperature=-1.0 must be positive"),
-    ("generation.num_generations=0", r"generation.num_generations=0 must be at least 1: it is the number of comp"),
-    ("generation.max_completion_length=0", r"generation.max_completion_length=0 must be at least 1"),
-])
+@pytest.mark.parametrize(
+    "setting, message",
+    [
+        ("generation.temperature=0", r"generation.temperature=0.0 must be positive: .* Use 1.0 to sample"),
+        ("generation.temperature=-1", r"generation.temperature=-1.0 must be positive"),
+        ("generation.num_generations=0", r"generation.num_generations=0 must be at least 1: it is the number of comp"),
+        ("generation.max_completion_length=0", r"generation.max_completion_length=0 must be at least 1"),
+    ],
+)
 def test_generation_settings_the_core_cannot_take(registry, setting, message):
     with pytest.raises(ConfigError, match=message):
         grpo_kit.compose(["+reward=accuracy", setting], registry)
 
 
-@pytest.mark.parametrize("setting, message", [
-    ("generation.top_p=0", r"generation.top_p=0.0 must lie in \(0, 1\]: .* Use 1.0 to turn it off"),
-    ("generation.top_p=1.5", r"generation.top_p=1.5 must lie in \(0, 1\]"),
-    ("generation.top_k=-1", r"generation.top_k=-1 must be a positive number of tokens .* or null"),
-    ("generation.min_p=1.5", r"generation.min_p=1.5 must lie in \[0, 1\]: .* Use null to turn it off"),
-    ("generation.repetition_penalty=0", r"generation.repetition_penalty=0.0 must be positive: 1.0 leaves"),
-])
+@pytest.mark.parametrize(
+    "setting, message",
+    [
+        ("generation.top_p=0", r"generation.top_p=0.0 must lie in \(0, 1\]: .* Use 1.0 to turn it off"),
+        ("generation.top_p=1.5", r"generation.top_p=1.5 must lie in \(0, 1\]"),
+        ("generation.top_k=-1", r"generation.top_k=-1 must be a positive number of tokens .* or null"),
+        ("generation.min_p=1.5", r"generation.min_p=1.5 must lie in \[0, 1\]: .* Use null to turn it off"),
+        ("generation.repetition_penalty=0", r"generation.repetition_penalty=0.0 must be positive: 1.0 leaves"),
+    ],
+)
 def test_sampling_settings_transformers_cannot_take_fail_before_the_model_loads(
     registry, tiny_model, tmp_path, monkeypatch, setting, message
 ):
@@ -191,11 +210,14 @@ def test_an_eval_path_that_does_not_exist_is_named(registry, tiny_model, tmp_pat
         grpo_kit.train(cfg, tmp_path / "run", registry)
 
 
-@pytest.mark.parametrize("name, text, line", [
-    ("data.jsonl", '{"prompt": "1+1=", "solution": "2"}\n{"prompt": "2+2=", "solution": "4"\n{"prompt": "3"}\n', 2),
-    ("data.jsonl", '{"prompt": "1+1=", "solution": "2"}\n\n{"prompt": "2+2=", solution: "4"}\n', 3),
-    ("data.json", '[\n  {"prompt": "1+1=", "solution": "2"},\n  {"prompt": "2+2=" "solution": "4"}\n]\n', 3),
-])
+@pytest.mark.parametrize(
+    "name, text, line",
+    [
+        ("data.jsonl", '{"prompt": "1+1=", "solution": "2"}\n{"prompt": "2+2=", "solution": "4"\n{"prompt": "3"}\n', 2),
+        ("data.jsonl", '{"prompt": "1+1=", "solution": "2"}\n\n{"prompt": "2+2=", solution: "4"}\n', 3),
+        ("data.json", '[\n  {"prompt": "1+1=", "solution": "2"},\n  {"prompt": "2+2=" "solution": "4"}\n]\n', 3),
+    ],
+)
 def test_a_malformed_json_line_is_named_by_file_and_line(registry, tiny_model, tmp_path, monkeypatch, name, text, line):
     never_loaded(monkeypatch)
     (tmp_path / name).write_text(text)
@@ -209,9 +231,18 @@ def test_the_cli_says_which_line_of_a_jsonl_is_malformed_in_a_few_lines(tiny_mod
     data = tmp_path / "data.jsonl"
     data.write_text('{"prompt": "1+1=", "solution": "2"}\n{"prompt": "2+2=", "solution": "4"\n')
     result = subprocess.run(
-        [sys.executable, "-m", "grpo_kit", "+reward=accuracy", f"model.name_or_path={tiny_model}", f"data.path={data}",
-         f"hydra.run.dir={tmp_path / 'run'}"],
-        capture_output=True, text=True, env={**os.environ, "HF_DATASETS_OFFLINE": "1"},
+        [
+            sys.executable,
+            "-m",
+            "grpo_kit",
+            "+reward=accuracy",
+            f"model.name_or_path={tiny_model}",
+            f"data.path={data}",
+            f"hydra.run.dir={tmp_path / 'run'}",
+        ],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "HF_DATASETS_OFFLINE": "1"},
     )
     output = (result.stdout + result.stderr).strip().splitlines()
     assert result.returncode != 0
@@ -230,13 +261,24 @@ def test_a_model_folder_without_config_json(registry, tmp_path, monkeypatch):
         grpo_kit.train(cfg, tmp_path / "run", registry)
 
 
-@pytest.mark.parametrize("name, text, message", [
-    ("data.jsonl", '{"prompt": "1+1="}\n{"prompt": ""}\n', r"row 2 \(counting from 1\), .* that is empty"),
-    ("data.jsonl", '{"prompt": "1+1="}\n{"prompt": null}\n', r"row 2 .* that is missing \(null, or an empty cell\)"),
-    ("data.jsonl", '{"prompt": "1+1="}\n{"prompt": 12}\n', r"row 2 .* that is 12 \(int\), not text"),
-    ("data.csv", "prompt,solution\n7,7\n", r"row 1 .* that is 7 \(int\), not text"),  # a column of numbers
-    ("data.jsonl", '{"prompt": "1+1="}\n{"prompt": ["2+2="]}\n', r"row 2 .* that is a list, but not of chat messages"),
-])
+@pytest.mark.parametrize(
+    "name, text, message",
+    [
+        ("data.jsonl", '{"prompt": "1+1="}\n{"prompt": ""}\n', r"row 2 \(counting from 1\), .* that is empty"),
+        (
+            "data.jsonl",
+            '{"prompt": "1+1="}\n{"prompt": null}\n',
+            r"row 2 .* that is missing \(null, or an empty cell\)",
+        ),
+        ("data.jsonl", '{"prompt": "1+1="}\n{"prompt": 12}\n', r"row 2 .* that is 12 \(int\), not text"),
+        ("data.csv", "prompt,solution\n7,7\n", r"row 1 .* that is 7 \(int\), not text"),  # a column of numbers
+        (
+            "data.jsonl",
+            '{"prompt": "1+1="}\n{"prompt": ["2+2="]}\n',
+            r"row 2 .* that is a list, but not of chat messages",
+        ),
+    ],
+)
 def test_a_bad_prompt_is_named_by_file_and_row_before_the_model_loads(
     registry, tiny_model, tmp_path, monkeypatch, name, text, message
 ):
@@ -256,8 +298,11 @@ def test_a_column_may_mix_text_and_chat_prompts(tmp_path):
 def test_chat_prompts_for_a_tokenizer_without_a_chat_template_are_named(registry, tiny_model, tmp_path):
     rows = [{"prompt": "1+1=", "solution": "2"}, {"prompt": [{"role": "user", "content": "2+2="}], "solution": "4"}]
     cfg = grpo_kit.compose(tiny(tiny_model, f"data.path={write_jsonl(tmp_path / 'data.jsonl', rows)}"), registry)
-    with pytest.raises(ConfigError, match=r"Row 2 of the dataset .* is a list of chat messages, but the model's "
-                                          r"tokenizer has no chat template"):
+    with pytest.raises(
+        ConfigError,
+        match=r"Row 2 of the dataset .* is a list of chat messages, but the model's "
+        r"tokenizer has no chat template",
+    ):
         grpo_kit.train(cfg, tmp_path / "run", registry)
 
 
@@ -268,10 +313,13 @@ def test_an_empty_file_is_called_empty(tmp_path, name):
         load_prompts(DataConfig(path=str(tmp_path / name)))
 
 
-@pytest.mark.parametrize("name, data, line, column", [
-    ("data.jsonl", b'{"prompt": "1+1="}\n{"prompt": "caf\xe9"}\n', 2, 16),
-    ("data.csv", b"prompt,solution\ncaf\xe9,2\n", 2, 4),
-])
+@pytest.mark.parametrize(
+    "name, data, line, column",
+    [
+        ("data.jsonl", b'{"prompt": "1+1="}\n{"prompt": "caf\xe9"}\n', 2, 16),
+        ("data.csv", b"prompt,solution\ncaf\xe9,2\n", 2, 4),
+    ],
+)
 def test_bytes_that_are_not_utf8_are_named_by_line_and_column(tmp_path, name, data, line, column):
     (tmp_path / name).write_bytes(data)
     message = rf"data.path={tmp_path / name} is not UTF-8 text: line {line} has the byte 0xe9 at column {column}\. Save"

@@ -2,7 +2,6 @@
 to their own longest completion, a micro-batch of mixed lengths run as two forward passes, rows moved left so that
 no attention mask is needed, old log-probs taken from the first training pass."""
 
-
 import pytest
 import torch
 from transformers import AutoModelForCausalLM
@@ -10,18 +9,19 @@ from transformers import AutoModelForCausalLM
 import grpo_kit
 from grpo_kit.contract.errors import ConfigError
 from grpo_kit.model.fast import causal_attention
-from grpo_kit.model.loading import (
+from grpo_kit.model.fast.length_groups import length_groups
+from grpo_kit.model.fast.switches import SpeedUps, use_speed_ups
+from grpo_kit.model.logprobs import (
     OutputHead,
     _logps_and_entropies_of_logits,
     last_hidden_states,
-    length_groups,
     model_inputs,
     per_token_logps_and_entropies,
 )
 from grpo_kit.objective.policy_loss import build_policy_loss
 from grpo_kit.testing import tiny_run
 from grpo_kit.training.batches import group_by_length, moves_before_use, split
-from grpo_kit.training.trainer import Optimization
+from grpo_kit.training.optimization import Optimization
 
 TOLERANCE = 1e-5  # relative, on each parameter's gradient: the split changes only the order of float sums
 
@@ -41,7 +41,6 @@ def generation_batch(vocab_size: int, size: int = 16, prompt_length: int = 3, le
         "completion_ids": completion_ids,
         "completion_mask": completion_mask,
         "advantages": torch.randn(size, generator=generator),
-        "num_items_in_batch": completion_mask.sum(),
     }
 
 
@@ -56,7 +55,9 @@ def test_a_step_keeps_its_completions_and_each_micro_batch_is_cut_to_its_longest
         return [set(mb["advantages"].tolist()) for mb in micro_batches]
 
     for step in range(2):  # the same completions in each optimizer step's 3 micro-batches
-        assert set().union(*rows(plain)[step * 3 : step * 3 + 3]) == set().union(*rows(grouped)[step * 3 : step * 3 + 3])
+        assert set().union(*rows(plain)[step * 3 : step * 3 + 3]) == set().union(
+            *rows(grouped)[step * 3 : step * 3 + 3]
+        )
     for micro_batch in grouped[:3]:  # sorted by length within the step
         lengths = micro_batch["completion_mask"].sum(1)
         assert micro_batch["completion_ids"].shape[1] == lengths.max() == micro_batch["completion_mask"].shape[1]
@@ -66,12 +67,10 @@ def test_a_step_keeps_its_completions_and_each_micro_batch_is_cut_to_its_longest
         assert micro_batch["completion_mask"][:, -1].any() and micro_batch["prompt_ids"].shape[1] == 3
 
 
-def step_gradient(policy_loss, model, micro_batches, accumulation):
+def step_gradient(policy_loss, model, micro_batches, reduction):
     model.zero_grad(set_to_none=True)
     for micro_batch in micro_batches:
-        out = policy_loss(model, micro_batch, gradient_accumulation_steps=accumulation, steps_per_generation=accumulation,
-                          num_processes=1)
-        out.loss.backward()
+        policy_loss(model, micro_batch, reduction).loss.backward()
     return {name: parameter.grad.clone() for name, parameter in model.named_parameters()}
 
 
@@ -83,13 +82,14 @@ def test_grouping_by_length_keeps_the_gradient_of_the_step(registry, tiny_model,
     policy_loss = build_policy_loss(cfg, objective)
     model = AutoModelForCausalLM.from_pretrained(tiny_model)
     batch = generation_batch(model.config.vocab_size, size=16)
+    reduction = grpo_kit.Reduction(float(batch["completion_mask"].sum()), 4, 4, 1, objective.max_completion_length)
     torch.manual_seed(0)
-    plain = step_gradient(policy_loss, model, split(batch, 4, 4, by_length=False), accumulation=4)
+    plain = step_gradient(policy_loss, model, split(batch, 4, 4, by_length=False), reduction)
     torch.manual_seed(0)
     grouped_batches = split(batch, 4, 4, by_length=True)
     widths = [mb["completion_ids"].shape[1] for mb in grouped_batches]
     assert sum(widths) < 4 * 12, "grouping saved no padding: the test would not mean anything"
-    grouped = step_gradient(policy_loss, model, grouped_batches, accumulation=4)
+    grouped = step_gradient(policy_loss, model, grouped_batches, reduction)
     for name, gradient in plain.items():
         scale = gradient.abs().max().clamp(min=1e-8)
         difference = (grouped[name] - gradient).abs().max() / scale
@@ -126,14 +126,16 @@ def test_which_micro_batches_are_trained_on_after_the_policy_moved():
 
 def test_the_first_pass_gives_the_old_log_probs_a_separate_forward_would(registry, tiny_model):
     cfg = grpo_kit.compose(tiny_run(tiny_model, "+loss=dapo"), registry)
-    policy_loss = build_policy_loss(cfg, grpo_kit.build_objective(cfg, registry))
+    objective = grpo_kit.build_objective(cfg, registry)
+    policy_loss = build_policy_loss(cfg, objective)
     model = AutoModelForCausalLM.from_pretrained(tiny_model)
-    micro_batch = split(generation_batch(model.config.vocab_size, size=8), 1, 1, by_length=True)[0]
+    micro_batch = split(generation_batch(model.config.vocab_size, size=8), 1, 1, by_length=True)[0]  # the whole batch
     model.eval()
     with torch.no_grad():
         separate, _ = policy_loss.logps(model, micro_batch)
     model.train()
-    out = policy_loss(model, micro_batch, gradient_accumulation_steps=1, steps_per_generation=1, num_processes=1)
+    reduction = grpo_kit.Reduction.whole_batch(micro_batch["completion_mask"], objective.max_completion_length)
+    out = policy_loss(model, micro_batch, reduction)
     assert not out.per_token_logps.requires_grad
     torch.testing.assert_close(out.per_token_logps, separate, atol=1e-6, rtol=0)
 
@@ -147,7 +149,7 @@ def test_a_run_with_two_iterations_trains_again_on_the_log_probs_of_its_first_pa
     checked = []
     original = Optimization.train_on
 
-    def train_on(self, micro_batch, finite, ends_step):
+    def train_on(self, micro_batch, reduction, finite, ends_step):
         key = str(micro_batch["completion_ids"].tolist())
         if key not in seen:
             assert "old_per_token_logps" not in micro_batch  # the first pass computes them
@@ -156,12 +158,16 @@ def test_a_run_with_two_iterations_trains_again_on_the_log_probs_of_its_first_pa
         else:
             torch.testing.assert_close(micro_batch["old_per_token_logps"], seen[key], atol=1e-6, rtol=0)
             checked.append(key)
-        return original(self, micro_batch, finite, ends_step)
+        return original(self, micro_batch, reduction, finite, ends_step)
 
     monkeypatch.setattr(Optimization, "train_on", train_on)
     overrides = tiny_run(
-        tiny_model, "+reward=accuracy", "algorithm.num_iterations=2", "trainer.gradient_accumulation_steps=2",
-        "trainer.max_steps=4", "trainer.save_model=false",
+        tiny_model,
+        "+reward=accuracy",
+        "algorithm.num_iterations=2",
+        "trainer.gradient_accumulation_steps=2",
+        "trainer.max_steps=4",
+        "trainer.save_model=false",
     )
     grpo_kit.train(grpo_kit.compose(overrides, registry), tmp_path, registry)
     assert len(checked) == 4  # 2 generation batches x 2 micro-batches, each trained on a second time
@@ -178,7 +184,11 @@ def test_a_micro_batch_of_mixed_lengths_runs_as_two_forward_passes_with_the_same
         model.zero_grad(set_to_none=True)
         logps, entropies = forward(batch)
         (logps * batch["completion_mask"]).sum().backward()
-        return logps * batch["completion_mask"], entropies * batch["completion_mask"], [p.grad.clone() for p in model.parameters()]
+        return (
+            logps * batch["completion_mask"],
+            entropies * batch["completion_mask"],
+            [p.grad.clone() for p in model.parameters()],
+        )
 
     grouped = values_and_gradients(lambda b: per_token_logps_and_entropies(model, b, temperature=0.9))
     whole = values_and_gradients(lambda b: _logps_and_entropies_of_logits(model, b, 0.9, entropy_grad=False))
@@ -258,5 +268,56 @@ def test_the_masked_pass_stays_where_moving_rows_would_not_do(tiny_model, case):
     inputs, shift = model_inputs(model, batch, max_shift=max_shift)
     assert "attention_mask" in inputs and not shift.any()
     if case == "padding inside a row":
-        plain = logps_and_gradients(model, batch, lambda part: _logps_and_entropies_of_logits(model, part, 1.0, False)[0])
-        assert_same_values_and_gradients(plain, logps_and_gradients(model, batch, lambda part: masked_pass(model, part)))
+        plain = logps_and_gradients(
+            model, batch, lambda part: _logps_and_entropies_of_logits(model, part, 1.0, False)[0]
+        )
+        assert_same_values_and_gradients(
+            plain, logps_and_gradients(model, batch, lambda part: masked_pass(model, part))
+        )
+
+
+@pytest.mark.parametrize("chunk_size", [None, 64])  # the full logits, and the chunked logits from hidden states
+@pytest.mark.parametrize("switched_off", ["mask_free_passes", "length_groups", "cpu_chunked_attention"])
+def test_each_speed_up_switched_off_gives_the_plain_values_without_it(
+    tiny_model, switched_off, chunk_size, monkeypatch
+):
+    """Rows of mixed lengths, some left-padded, long enough for the chunked attention: every speed-up applies, and
+    the model's switches take each one out on its own, leaving the masked pass's values and gradients."""
+    seen = {"masked passes": 0, "passes": 0, "chunked attention": 0}
+    real = causal_attention.ChunkedCausalAttention.apply
+
+    def chunked_attention(*args):
+        seen["chunked attention"] += 1
+        return real(*args)
+
+    def record(module, args, kwargs):
+        seen["passes"] += 1
+        seen["masked passes"] += kwargs.get("attention_mask") is not None
+
+    monkeypatch.setattr(causal_attention.ChunkedCausalAttention, "apply", chunked_attention)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model)
+    model.config.max_position_embeddings = 512  # RoPE's positions go on past the tiny model's 128
+    model.register_forward_pre_hook(record, with_kwargs=True)
+    batch = generation_batch(model.config.vocab_size, size=8, prompt_length=4, length=250)
+    batch["completion_mask"][1::2, 100:] = 0  # four completions of at most 100 tokens: two length groups
+    expected = logps_and_gradients(model, batch, lambda part: masked_pass(model, part, 0.7))
+
+    def taken(speed_ups):
+        use_speed_ups(model, speed_ups)
+        seen.update(dict.fromkeys(seen, 0))
+        values = logps_and_gradients(
+            model, batch, lambda part: per_token_logps_and_entropies(model, part, 0.7, chunk_size=chunk_size)[0]
+        )
+        assert_same_values_and_gradients(values, expected)
+        return {
+            "mask_free_passes": seen["masked passes"] == 0,
+            "length_groups": seen["passes"] == 2,
+            "cpu_chunked_attention": seen["chunked attention"] > 0,
+        }
+
+    assert taken(SpeedUps()) == dict.fromkeys(["mask_free_passes", "length_groups", "cpu_chunked_attention"], True)
+    without = taken(SpeedUps(**{switched_off: False}))
+    still_taken = {name: name != switched_off for name in without}
+    if switched_off == "mask_free_passes":
+        still_taken["cpu_chunked_attention"] = False  # it runs only where the pass has no mask
+    assert without == still_taken

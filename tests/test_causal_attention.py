@@ -1,6 +1,9 @@
 """The chunked causal attention of the CPU training passes: SDPA's values and gradients, and where SDPA stays."""
 
 import contextlib
+import subprocess
+import sys
+import textwrap
 
 import pytest
 import torch
@@ -70,7 +73,9 @@ def test_bfloat16_values_are_sdpa_s_to_its_precision():
 def test_it_runs_chunks_of_64_queries(monkeypatch):
     calls = []
     real = causal_attention._flash
-    monkeypatch.setattr(causal_attention, "_flash", lambda *args, **kwargs: calls.append(args[0].shape[2]) or real(*args, **kwargs))
+    monkeypatch.setattr(
+        causal_attention, "_flash", lambda *args, **kwargs: calls.append(args[0].shape[2]) or real(*args, **kwargs)
+    )
     query, key, value = qkv(517)
     output_and_grads(chunked_causal_attention, query, key, value)
     assert len(calls) == 517 // 64 and sum(calls) == 517 and max(calls) - min(calls) <= 1
@@ -99,8 +104,14 @@ def test_sdpa_itself_where_the_attention_is_not_plain_causal(case, monkeypatch):
 def tiny_model(attention: str = "sdpa") -> Qwen2ForCausalLM:
     torch.manual_seed(0)
     config = Qwen2Config(
-        vocab_size=17, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=512, attn_implementation=attention,
+        vocab_size=17,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        attn_implementation=attention,
     )
     return Qwen2ForCausalLM(config)
 
@@ -152,3 +163,31 @@ def test_under_autocast_the_model_keeps_sdpa(monkeypatch):
         with chunked_causal_attention_on_cpu(model):
             logits = model(input_ids=ids).logits
     assert torch.equal(logits, expected)
+
+
+def test_importing_grpo_kit_registers_nothing_in_transformers_until_a_model_runs_it():
+    code = textwrap.dedent(f"""
+        import importlib, pkgutil
+        import grpo_kit
+        for module in pkgutil.walk_packages(grpo_kit.__path__, "grpo_kit."):
+            if not module.name.endswith("__main__"):  # it runs the CLI
+                importlib.import_module(module.name)
+        import torch
+        from transformers import AttentionInterface, Qwen2Config, Qwen2ForCausalLM
+        from transformers.masking_utils import AttentionMaskInterface
+        from grpo_kit.model.fast.causal_attention import chunked_causal_attention_on_cpu
+
+        def registered():
+            return [{CHUNKED_CAUSAL!r} in interface() for interface in (AttentionInterface, AttentionMaskInterface)]
+
+        print("after import", registered())
+        config = Qwen2Config(vocab_size=17, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                             num_attention_heads=4, num_key_value_heads=2, attn_implementation="sdpa")
+        model = Qwen2ForCausalLM(config)
+        with chunked_causal_attention_on_cpu(model):
+            model(input_ids=torch.zeros(1, 200, dtype=torch.long))
+        print("after a pass", registered())
+    """)
+    child = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert child.returncode == 0, child.stderr
+    assert child.stdout.splitlines() == ["after import [False, False]", "after a pass [True, True]"]

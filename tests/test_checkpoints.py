@@ -62,8 +62,9 @@ REASONS = {"deleted": "state.pt is missing", "truncated": "state.pt is damaged",
 
 
 def test_damaged_checkpoints_are_refused_by_name_and_skipped_by_resume_auto(registry, tiny_model, tmp_path, caplog):
-    settings = tiny_run(tiny_model, "+reward=accuracy", "trainer.max_steps=4", "trainer.save_steps=1",
-                        "trainer.save_total_limit=5")
+    settings = tiny_run(
+        tiny_model, "+reward=accuracy", "trainer.max_steps=4", "trainer.save_steps=1", "trainer.save_total_limit=5"
+    )
     run_dir = tmp_path / "run"
     grpo_kit.train(grpo_kit.compose(settings, registry), run_dir, registry)
     unbroken = load_file(run_dir / "model" / "model.safetensors")
@@ -85,6 +86,18 @@ def test_damaged_checkpoints_are_refused_by_name_and_skipped_by_resume_auto(regi
     assert all(checkpoint.damage(saved) is None for saved in checkpoint.saved_checkpoints(run_dir))  # saved again
 
 
+def test_a_checkpoint_of_an_earlier_format_is_refused_at_claim_time(registry, tiny_model, tmp_path, monkeypatch):
+    """A TrainState laid out otherwise (format 1: the generation batch as loose micro-batches) cannot be loaded: it is
+    refused, saying so, before the model loads."""
+    settings = tiny_run(tiny_model, "+reward=accuracy", "trainer.max_steps=1")
+    monkeypatch.setattr(checkpoint, "FORMAT", 1)
+    grpo_kit.train(grpo_kit.compose(settings, registry), tmp_path, registry)
+    monkeypatch.undo()
+    named = tmp_path / "checkpoints" / "step-000001"
+    with pytest.raises(InputFileError, match=r"an earlier grpo_kit wrote it, .*format 1; this version reads format 2"):
+        grpo_kit.train(grpo_kit.compose([*settings, f"trainer.resume={named}"], registry), tmp_path, registry)
+
+
 def test_a_run_whose_checkpoints_are_all_damaged_is_refused(registry, tiny_model, tmp_path):
     settings = tiny_run(tiny_model, "+reward=accuracy", "trainer.max_steps=1")
     grpo_kit.train(grpo_kit.compose(settings, registry), tmp_path, registry)
@@ -101,8 +114,10 @@ def test_a_full_disk_removes_the_partial_checkpoint_and_names_the_intact_one(
     def save(obj, path, *args, **kwargs):
         calls.append(path)
         if len(calls) == 2:  # what torch.save raises on a full disk: no OSError
-            raise RuntimeError("[enforce fail at inline_container.cc:858] . PytorchStreamWriter failed writing file "
-                               "data/0: file write failed")
+            raise RuntimeError(
+                "[enforce fail at inline_container.cc:858] . PytorchStreamWriter failed writing file "
+                "data/0: file write failed"
+            )
         return real_save(obj, path, *args, **kwargs)
 
     monkeypatch.setattr(checkpoint.torch, "save", save)
@@ -117,8 +132,9 @@ def test_a_traceback_that_error_txt_cannot_hold_reaches_the_console(tmp_path, ca
     from grpo_kit.cli.main import write_error_file
 
     (tmp_path / "error.txt").mkdir()  # unwritable, as on the full disk that failed the run
-    write_error_file(tmp_path, "Traceback (most recent call last):\n"
-                     "OSError: The checkpoint of step 2 could not be written\n")
+    write_error_file(
+        tmp_path, "Traceback (most recent call last):\nOSError: The checkpoint of step 2 could not be written\n"
+    )
     assert "OSError: The checkpoint of step 2 could not be written\n(error.txt could not be written: " in caplog.text
 
 
@@ -135,8 +151,9 @@ HOLD_THE_LOCK = textwrap.dedent("""
 
 def test_a_directory_in_use_by_another_process_is_refused_until_that_process_dies(registry, tiny_model, tmp_path):
     run_dir = tmp_path / "run"
-    holder = subprocess.Popen([sys.executable, "-c", HOLD_THE_LOCK, str(run_dir)], stdin=subprocess.PIPE,
-                              stdout=subprocess.PIPE, text=True)
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLD_THE_LOCK, str(run_dir)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
     try:
         assert holder.stdout.readline() == "locked\n"
         cfg = grpo_kit.compose(tiny_run(tiny_model, "+reward=accuracy", "trainer.max_steps=1"), registry)
@@ -148,8 +165,9 @@ def test_a_directory_in_use_by_another_process_is_refused_until_that_process_die
         holder.wait()
     grpo_kit.train(cfg, run_dir, registry)  # the lock died with its process
     assert not (run_dir / ".lock").exists()  # released at the end of the run, for the next one
-    locked = subprocess.run([sys.executable, "-c", HOLD_THE_LOCK, str(run_dir)], input="", capture_output=True,
-                            text=True, timeout=60)
+    locked = subprocess.run(
+        [sys.executable, "-c", HOLD_THE_LOCK, str(run_dir)], input="", capture_output=True, text=True, timeout=60
+    )
     assert locked.stdout == "locked\n", locked.stderr
 
 
@@ -160,8 +178,13 @@ def snapshot(directory):
 @pytest.mark.slow
 def test_a_resume_refused_from_the_command_line_rewrites_nothing(tiny_model, tmp_path):
     run_dir = tmp_path / "run"
-    command = [sys.executable, "-m", "grpo_kit", *tiny_run(tiny_model, "+reward=accuracy", "trainer.max_steps=1"),
-               f"hydra.run.dir={run_dir}"]
+    command = [
+        sys.executable,
+        "-m",
+        "grpo_kit",
+        *tiny_run(tiny_model, "+reward=accuracy", "trainer.max_steps=1"),
+        f"hydra.run.dir={run_dir}",
+    ]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     first = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
     assert first.returncode == 0, first.stdout + first.stderr
@@ -169,8 +192,9 @@ def test_a_resume_refused_from_the_command_line_rewrites_nothing(tiny_model, tmp
     records = [run_dir / ".hydra" / "config.yaml", run_dir / ".hydra" / "overrides.yaml", run_dir / "config.yaml"]
     assert set(records) <= set(before)
 
-    refused = subprocess.run([*command, "trainer.resume=auto", "loss.epsilon=0.3"], env=env, capture_output=True,
-                             text=True, timeout=300)
+    refused = subprocess.run(
+        [*command, "trainer.resume=auto", "loss.epsilon=0.3"], env=env, capture_output=True, text=True, timeout=300
+    )
     assert refused.returncode == 1
     assert "was saved with other settings:\n  loss.epsilon: 0.2 -> 0.3" in refused.stdout + refused.stderr
     assert snapshot(run_dir) == before

@@ -10,7 +10,12 @@ from grpo_kit.contract.errors import ConfigError
 from grpo_kit.model.loading import load_reference_model
 from grpo_kit.objective.policy_loss import PolicyLoss, build_policy_loss
 from grpo_kit.testing import build_tiny_model, tiny_run
-from grpo_kit.testing.micro_batches import add_reference_quantities, loss_and_gradients, random_micro_batch
+from grpo_kit.testing.micro_batches import (
+    add_reference_quantities,
+    half_a_generation_batch,
+    loss_and_gradients,
+    random_micro_batch,
+)
 
 LOSSES = ["grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "luspo", "vespo"]
 TOLERANCE = 1e-5
@@ -70,7 +75,10 @@ SETTINGS = {
 def test_chunked_loss_gradient_and_metrics_equal_the_plain_ones(registry, tiny_model, loss, setting):
     overrides, quantities = SETTINGS[setting]
     if loss == "vespo" and quantities["ratio_level"] == "sequence":  # vespo takes token-level corrections only
-        overrides, quantities = [o for o in overrides if "rollout_correction" not in o], quantities | {"ratio_level": None}
+        overrides, quantities = (
+            [o for o in overrides if "rollout_correction" not in o],
+            quantities | {"ratio_level": None},
+        )
     full, chunked = policy_losses(registry, [f"+loss={loss}", *overrides])
     model = load(tiny_model)
     batch = random_micro_batch(model.config.vocab_size)
@@ -121,7 +129,8 @@ def test_no_logits_tensor_larger_than_a_chunk_exists(registry, tiny_model):
     def train_step(policy_loss):
         with torch.no_grad():
             batch["ref_per_token_logps"], _ = policy_loss.logps(model, batch)
-        policy_loss(model, batch, 1, 1, 1).loss.backward()
+        reduction = half_a_generation_batch(batch, policy_loss.objective.max_completion_length, 1, 1)
+        policy_loss(model, batch, reduction).loss.backward()
 
     plain_shapes = largest_head_outputs(model, lambda: train_step(full))
     # (B, T + 1 + the longest prompt padding, V): what the chunked path does without
@@ -158,7 +167,7 @@ def test_a_float32_head_under_bf16_autocast(registry, tmp_path):
 
 
 def test_mixed_precision_runs_the_head_as_the_model_does(registry, tiny_model):
-    from grpo_kit.model.loading import OutputHead, last_hidden_states
+    from grpo_kit.model.logprobs import OutputHead, last_hidden_states
 
     full, chunked = policy_losses(registry, ["+loss=dapo", "algorithm.entropy_coef=0.01"])
     model = load(tiny_model)
@@ -173,8 +182,15 @@ def test_mixed_precision_runs_the_head_as_the_model_does(registry, tiny_model):
 def test_soft_capped_logits(registry):
     torch.manual_seed(0)
     config = Gemma2Config(
-        vocab_size=23, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
-        num_key_value_heads=1, head_dim=8, final_logit_softcapping=0.5, pad_token_id=0,
+        vocab_size=23,
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=8,
+        final_logit_softcapping=0.5,
+        pad_token_id=0,
     )
     model = Gemma2ForCausalLM(config)
     full, chunked = policy_losses(registry, ["+loss=dapo"])
@@ -186,8 +202,9 @@ def test_a_model_whose_logits_are_not_its_heads_output_is_refused(registry, tiny
     _, chunked = policy_losses(registry, ["+loss=dapo"])
     model = load(tiny_model)
     model.config.final_logit_softcapping = 0.01  # Qwen2 does not soft-cap, so the chunked head would differ
+    batch = random_micro_batch(model.config.vocab_size)
     with pytest.raises(ValueError, match="model.logits=full"):
-        chunked(model, random_micro_batch(model.config.vocab_size), 1, 1, 1)
+        chunked(model, batch, half_a_generation_batch(batch, chunked.objective.max_completion_length, 1, 1))
 
 
 def test_a_lora_policy_and_its_adapter_free_reference(registry, tiny_model):
@@ -216,7 +233,9 @@ def test_a_lora_policy_and_its_adapter_free_reference(registry, tiny_model):
 def test_a_plugin_loss_the_core_does_not_know(registry, local_plugin, tiny_model):
     from grpo_kit.plugins.registry import Registry, plugin_manager
 
-    module = local_plugin("square_loss", """
+    module = local_plugin(
+        "square_loss",
+        """
         import grpo_kit
         from grpo_kit.contract.reductions import local_token_mean
 
@@ -238,7 +257,8 @@ def test_a_plugin_loss_the_core_does_not_know(registry, local_plugin, tiny_model
         @grpo_kit.hookimpl
         def register_losses(register):
             register("square", SquareLoss)
-    """)
+    """,
+    )
     with_square = Registry(plugin_manager(local_modules=[module]))
     full, chunked = policy_losses(with_square, ["+loss=square", "algorithm.entropy_coef=0.05"])
     model = load(tiny_model)
@@ -263,11 +283,18 @@ def test_a_run_with_chunked_logits_trains_the_plain_runs_weights(digits_registry
 
     calls = []
     chunked = grpo_kit.objective.policy_loss.chunked_logps_and_entropies
-    monkeypatch.setattr(grpo_kit.objective.policy_loss, "chunked_logps_and_entropies", lambda *a, **k: calls.append(1) or chunked(*a, **k))
+    monkeypatch.setattr(
+        grpo_kit.objective.policy_loss,
+        "chunked_logps_and_entropies",
+        lambda *a, **k: calls.append(1) or chunked(*a, **k),
+    )
     for name, extra in [("full", []), ("chunked", ["model.logits=chunked", "model.logits_chunk_size=16"])]:
         overrides = tiny_run(tiny_model, "+reward=digits", "algorithm.beta=0.1", "algorithm.num_iterations=2", *extra)
         grpo_kit.train(grpo_kit.compose(overrides, digits_registry), tmp_path / name, digits_registry)
-    assert calls, "the trainer does not build its PolicyLoss with grpo_kit.objective.policy_loss.build_policy_loss(cfg, objective)"
+    assert calls, (
+        "the trainer does not build its PolicyLoss with grpo_kit.objective.policy_loss.build_policy_loss(cfg, "
+        "objective)"
+    )
     plain = load_file(tmp_path / "full" / "model" / "model.safetensors")
     trained = load_file(tmp_path / "chunked" / "model" / "model.safetensors")
     for name in plain:

@@ -8,9 +8,18 @@ def test_a_failing_run_does_not_stop_the_sweep(tiny_model, tmp_path):
     sweep = tmp_path / "sweep"
     result = subprocess.run(
         [
-            sys.executable, "-m", "grpo_kit", "-m", "+reward=accuracy", f"model.name_or_path={tiny_model}",
-            "generation.num_generations=4", "trainer.max_steps=2", "trainer.progress_bar=false",
-            "trainer.save_model=false", "trainer.per_device_train_batch_size=6,8", "trainer.logging_steps=1",
+            sys.executable,
+            "-m",
+            "grpo_kit",
+            "-m",
+            "+reward=accuracy",
+            f"model.name_or_path={tiny_model}",
+            "generation.num_generations=4",
+            "trainer.max_steps=2",
+            "trainer.progress_bar=false",
+            "trainer.save_model=false",
+            "trainer.per_device_train_batch_size=6,8",
+            "trainer.logging_steps=1",
             f"hydra.sweep.dir={sweep}",
         ],
         capture_output=True,

@@ -58,7 +58,9 @@ def test_table_writes_each_option_as_the_override_that_sets_it(clean_environment
 
 
 def test_a_local_module_with_every_way_of_giving_help(clean_environment, local_plugin, monkeypatch, capsys):
-    module = local_plugin("documented_reward", '''
+    module = local_plugin(
+        "documented_reward",
+        """
         from dataclasses import dataclass, field
 
         import grpo_kit
@@ -84,7 +86,8 @@ def test_a_local_module_with_every_way_of_giving_help(clean_environment, local_p
         @grpo_kit.hookimpl
         def register_rewards(register):
             register("brevity", brevity, Options)
-    ''')
+    """,
+    )
     monkeypatch.setenv("GRPO_KIT_PLUGINS", module)
     (brevity,) = [p for p in listed(capsys, "--kind", "reward") if p["name"] == "brevity"]
     assert (brevity["distribution"], brevity["version"]) == ("local module documented_reward", None)
@@ -102,7 +105,13 @@ def test_a_local_module_with_every_way_of_giving_help(clean_environment, local_p
 
 def test_hydra_values():
     assert [hydra_value(v) for v in (None, True, 0.2, "dapo", "${generation.max_completion_length}", "a b", "???")] == [
-        "null", "true", "0.2", "dapo", "${generation.max_completion_length}", '"a b"', "???",
+        "null",
+        "true",
+        "0.2",
+        "dapo",
+        "${generation.max_completion_length}",
+        '"a b"',
+        "???",
     ]
 
 

@@ -74,8 +74,10 @@ def test_a_forgotten_reward_is_refused_before_hydra_composes(tmp_path, monkeypat
     assert not (tmp_path / "run").exists()
 
 
-@pytest.mark.parametrize("overrides", [["+reward=accuracy"], ["+reward@reward.b=python"], ["+experiment=dapo"],
-                                       ["model=hf"], ["hydra/sweeper=basic"]])
+@pytest.mark.parametrize(
+    "overrides",
+    [["+reward=accuracy"], ["+reward@reward.b=python"], ["+experiment=dapo"], ["model=hf"], ["hydra/sweeper=basic"]],
+)
 def test_a_reward_that_a_preset_or_sweeper_may_add_is_left_to_hydra(registry, overrides):
     check_a_reward_may_be_chosen(overrides, registry)
 
@@ -88,7 +90,9 @@ def test_a_loss_the_command_line_names_is_not_called_the_default(registry, caplo
 
 
 def test_plugin_fields_are_options(registry):
-    cfg = grpo_kit.compose(["+loss=grpo", "loss.epsilon=0.3", "advantage=group", "generation.temperature=0.7"], registry)
+    cfg = grpo_kit.compose(
+        ["+loss=grpo", "loss.epsilon=0.3", "advantage=group", "generation.temperature=0.7"], registry
+    )
     assert cfg.loss.epsilon == 0.3 and cfg.generation.temperature == 0.7
 
 
@@ -120,15 +124,24 @@ def test_misspelled_field_is_rejected_by_name(registry):
         grpo_kit.compose(["trainer.learning_rat=0.1"], registry)
 
 
-@pytest.mark.parametrize("override, message", [
-    ("loss.epsilonn=0.3", r"'epsilonn' is not an option of loss dapo, .* Did you mean 'loss.epsilon' or"),
-    ("trainer.max_step=10", r"'max_step' is not an option of trainer, .* Did you mean 'trainer.max_steps' or"),
-    ("reward.accuracy.wieght=2", r"'wieght' is not an option of reward.accuracy, .* mean 'reward.accuracy.weight'"),
-    ("reward.accurcy.weight=2", r"no reward the run can select is named 'accurcy', .* Did you mean 'reward.accuracy'"),
-    ("model.lora.rr=8", r"'rr' is not an option of model.lora, .* Did you mean 'model.lora.r'"),
-    ("+trainer.max_step=10", r"'max_step' is not an option of trainer, .* Did you mean 'trainer.max_steps' or"),
-    ("+loss.alpah=0.5", r"'alpah' is not an option of loss dapo, .* The options of loss: delta, epsilon, epsilon_high"),
-])
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("loss.epsilonn=0.3", r"'epsilonn' is not an option of loss dapo, .* Did you mean 'loss.epsilon' or"),
+        ("trainer.max_step=10", r"'max_step' is not an option of trainer, .* Did you mean 'trainer.max_steps' or"),
+        ("reward.accuracy.wieght=2", r"'wieght' is not an option of reward.accuracy, .* mean 'reward.accuracy.weight'"),
+        (
+            "reward.accurcy.weight=2",
+            r"no reward the run can select is named 'accurcy', .* Did you mean 'reward.accuracy'",
+        ),
+        ("model.lora.rr=8", r"'rr' is not an option of model.lora, .* Did you mean 'model.lora.r'"),
+        ("+trainer.max_step=10", r"'max_step' is not an option of trainer, .* Did you mean 'trainer.max_steps' or"),
+        (
+            "+loss.alpah=0.5",
+            r"'alpah' is not an option of loss dapo, .* The options of loss: delta, epsilon, epsilon_high",
+        ),
+    ],
+)
 def test_the_cli_refuses_a_misspelt_option_at_once_with_the_closest_ones(
     tmp_path, monkeypatch, capsys, override, message
 ):
@@ -142,16 +155,23 @@ def test_the_cli_refuses_a_misspelt_option_at_once_with_the_closest_ones(
     assert not (tmp_path / "run").exists()
 
 
-@pytest.mark.parametrize("overrides", [
-    ["+loss=grpo", "loss.epsilon=0.3", "+reward=[accuracy,think_format]", "reward.think_format.weight=0.5"],
-    ["+experiment=dapo", "loss.epsilon_high=0.3"],
-    ["model.name_or_path=m", "rollout_correction.max=5"],  # model=hf chooses a rollout correction
-    ["-m", "+sweep/losses=grpo,dapo", "loss.epsilon=0.3", "hydra.run.dir=out", "+hydra.job.env_set.A=1"],
-    ["+reward@reward.brevity=python", "reward.brevity.weight=2"],
-    ["data.chat_template_kwargs={enable_thinking:false}", "+data.chat_template_kwargs.enable_thinking=false"],
-    ["+model.model_init_kwargs.dtype=bfloat16", "+trainer.lr_scheduler_kwargs.num_cycles=2",
-     "+generation.generation_kwargs.foo=1", "+trainer.gradient_checkpointing_kwargs.use_reentrant=true"],
-])
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        ["+loss=grpo", "loss.epsilon=0.3", "+reward=[accuracy,think_format]", "reward.think_format.weight=0.5"],
+        ["+experiment=dapo", "loss.epsilon_high=0.3"],
+        ["model.name_or_path=m", "rollout_correction.max=5"],  # model=hf chooses a rollout correction
+        ["-m", "+sweep/losses=grpo,dapo", "loss.epsilon=0.3", "hydra.run.dir=out", "+hydra.job.env_set.A=1"],
+        ["+reward@reward.brevity=python", "reward.brevity.weight=2"],
+        ["data.chat_template_kwargs={enable_thinking:false}", "+data.chat_template_kwargs.enable_thinking=false"],
+        [
+            "+model.model_init_kwargs.dtype=bfloat16",
+            "+trainer.lr_scheduler_kwargs.num_cycles=2",
+            "+generation.generation_kwargs.foo=1",
+            "+trainer.gradient_checkpointing_kwargs.use_reentrant=true",
+        ],
+    ],
+)
 def test_options_that_exist_and_keys_that_are_free_pass_the_check(registry, overrides):
     check_choices([override for override in overrides if "=" in override], registry)
 
@@ -196,7 +216,9 @@ def test_a_loss_is_chosen_with_or_without_plus_in_runs_and_sweeps():
 def test_cli_prints_the_default_loss_with_its_options(tmp_path):
     printed = subprocess.run(
         [sys.executable, "-m", "grpo_kit", "+reward=accuracy", "loss.epsilon_high=0.28", "--cfg", "job"],
-        capture_output=True, text=True, check=True,
+        capture_output=True,
+        text=True,
+        check=True,
     ).stdout
     assert yaml.safe_load(printed)["loss"] == {"name": "dapo", "epsilon": 0.2, "epsilon_high": 0.28, "delta": None}
 
@@ -204,8 +226,11 @@ def test_cli_prints_the_default_loss_with_its_options(tmp_path):
 def test_a_missing_default_loss_says_how_to_choose_one(installed, monkeypatch):
     monkeypatch.setenv("GRPO_KIT_DISABLE_PLUGINS", "loss:dapo")
     registry = Registry(plugin_manager())
-    with pytest.raises(PluginError, match=r"No loss plugin selected, and the default 'dapo' is not installed: choose "
-                                          r"one with \+loss=NAME \(installed: ") as error:
+    with pytest.raises(
+        PluginError,
+        match=r"No loss plugin selected, and the default 'dapo' is not installed: choose "
+        r"one with \+loss=NAME \(installed: ",
+    ) as error:
         grpo_kit.compose([], registry)
     listed = listed_as_installed(str(error.value))
     assert BUILT_IN_LOSSES - {"dapo"} <= listed and "dapo" not in listed
@@ -213,9 +238,12 @@ def test_a_missing_default_loss_says_how_to_choose_one(installed, monkeypatch):
 
 
 def test_unknown_top_level_key_is_rejected_with_the_closest_one(registry):
-    with pytest.raises(ConfigError, match=r"^\+hooks=dynamic_sampling: 'hooks' is not a setting of a grpo_kit run, so "
-                                          r"nothing would read it. Did you mean 'hook'\? The top-level keys are: "
-                                          r"advantage, algorithm, data, environment, eval, experiment, generation, hook, "):
+    with pytest.raises(
+        ConfigError,
+        match=r"^\+hooks=dynamic_sampling: 'hooks' is not a setting of a grpo_kit run, so "
+        r"nothing would read it. Did you mean 'hook'\? The top-level keys are: "
+        r"advantage, algorithm, data, environment, eval, experiment, generation, hook, ",
+    ):
         grpo_kit.compose(["+hooks=dynamic_sampling"], registry)
     with pytest.raises(ConfigError, match=r"'rewards' is not a setting.*Did you mean 'reward'\?"):
         check_choices(["+reward@rewards.brevity=python"], registry)
@@ -224,14 +252,26 @@ def test_unknown_top_level_key_is_rejected_with_the_closest_one(registry):
 
 
 def test_hydra_keys_and_preset_groups_are_top_level_keys(registry):
-    check_choices(["hydra.run.dir=out", "hydra/launcher=local_parallel", "~hydra.callbacks.report", "+experiment=dapo",
-                   "+sweep/losses=grpo", "model=hf", "data.path=x.jsonl", "+reward@reward.brevity=python"], registry)
+    check_choices(
+        [
+            "hydra.run.dir=out",
+            "hydra/launcher=local_parallel",
+            "~hydra.callbacks.report",
+            "+experiment=dapo",
+            "+sweep/losses=grpo",
+            "model=hf",
+            "data.path=x.jsonl",
+            "+reward@reward.brevity=python",
+        ],
+        registry,
+    )
 
 
 def test_cli_rejects_an_unknown_top_level_key_with_its_message_only(tmp_path):
     result = subprocess.run(
         [sys.executable, "-m", "grpo_kit", "+hooks=dynamic_sampling", "+reward=accuracy", f"hydra.run.dir={tmp_path}"],
-        capture_output=True, text=True,
+        capture_output=True,
+        text=True,
     )
     assert result.returncode == 1
     assert result.stderr.startswith("error: +hooks=dynamic_sampling: 'hooks' is not a setting of a grpo_kit run")
@@ -274,20 +314,32 @@ def test_nested_dataclass_options_reach_the_plugin_as_dataclasses(local_plugin):
 
 
 def test_a_plugin_is_placed_under_a_key_of_its_own(registry, local_plugin):
-    module = local_plugin("two_functions", """
+    module = local_plugin(
+        "two_functions",
+        """
         def brevity(prompts, completions, completion_ids, **columns):
             return [-len(text) for text in completions]
 
         def scaled_length(prompts, completions, completion_ids, scale, **columns):
             return [scale * len(text) for text in completions]
-    """)
-    cfg = grpo_kit.compose([
-        "+reward@reward.brevity=python", f"reward.brevity.function={module}:brevity", "reward.brevity.weight=0.5",
-        "+reward@reward.length=python", f"reward.length.function={module}:scaled_length",
-        "reward.length.kwargs={scale:3}", "+reward=accuracy",
-    ], registry)
+    """,
+    )
+    cfg = grpo_kit.compose(
+        [
+            "+reward@reward.brevity=python",
+            f"reward.brevity.function={module}:brevity",
+            "reward.brevity.weight=0.5",
+            "+reward@reward.length=python",
+            f"reward.length.function={module}:scaled_length",
+            "reward.length.kwargs={scale:3}",
+            "+reward=accuracy",
+        ],
+        registry,
+    )
     assert [(key, node.name) for key, node in cfg.reward.items()] == [
-        ("brevity", "python"), ("length", "python"), ("accuracy", "accuracy")
+        ("brevity", "python"),
+        ("length", "python"),
+        ("accuracy", "accuracy"),
     ]
     functions, weights = build_rewards(cfg, registry)
     assert list(functions) == ["brevity", "length", "accuracy"] and weights.tolist() == [0.5, 1.0, 1.0]
@@ -296,7 +348,9 @@ def test_a_plugin_is_placed_under_a_key_of_its_own(registry, local_plugin):
 
 
 def test_an_option_without_a_default_is_named_when_not_set(local_plugin):
-    module = local_plugin("required_option", """
+    module = local_plugin(
+        "required_option",
+        """
         from dataclasses import dataclass
         import grpo_kit
         from grpo_kit_advantages.group import GroupAdvantage
@@ -308,9 +362,13 @@ def test_an_option_without_a_default_is_named_when_not_set(local_plugin):
         @grpo_kit.hookimpl
         def register_advantages(register):
             register("scaled", GroupAdvantage, ScaleConfig)
-    """)
+    """,
+    )
     registry = Registry(plugin_manager(local_modules=[module]))
     cfg = grpo_kit.compose(["advantage=scaled"], registry)
-    with pytest.raises(ConfigError, match=r"The advantage plugin 'scaled' \(local module required_option\) needs its "
-                                          r"option scale, which has no default: set it with advantage.scale=VALUE"):
+    with pytest.raises(
+        ConfigError,
+        match=r"The advantage plugin 'scaled' \(local module required_option\) needs its "
+        r"option scale, which has no default: set it with advantage.scale=VALUE",
+    ):
         grpo_kit.build_advantage(cfg, registry)

@@ -22,8 +22,10 @@ def developer_requirements() -> dict[str, str]:
         if extras:
             for text in importlib.metadata.requires("grpo-kit"):
                 requirement = Requirement(text)
-                if any(requirement.marker and requirement.marker.evaluate({"extra": extra})
-                       for extra in extras.group(1).split(",")):
+                if any(
+                    requirement.marker and requirement.marker.evaluate({"extra": extra})
+                    for extra in extras.group(1).split(",")
+                ):
                     wanted[requirement.name] = str(requirement).split(";")[0]
         elif line and not line.startswith("-e "):
             wanted[line if line.startswith(".") else Requirement(line).name] = line

@@ -45,7 +45,7 @@ SKIPPED = {
     "generation=vllm_colocate generation.gpu_memory_utilization=0.3 generation.sleep_level=1": VLLM,
     "CUDA_VISIBLE_DEVICES=0 python -m grpo_kit model.name_or_path=Qwen/Qwen2.5-0.5B-Instruct data.path=prompts.jsonl "
     "+reward=accuracy generation=vllm_server": VLLM,
-    'CUDA_VISIBLE_DEVICES=0 python -m grpo_kit ... generation=vllm_server generation.launch=vllm '
+    "CUDA_VISIBLE_DEVICES=0 python -m grpo_kit ... generation=vllm_server generation.launch=vllm "
     'generation.launch_env={CUDA_VISIBLE_DEVICES: "1"}': ELIDED,
     "CUDA_VISIBLE_DEVICES=0,1,2,3 accelerate launch --config_file conf/accelerate/fsdp2.yaml --num_processes 4 "
     "-m grpo_kit model.name_or_path=Qwen/Qwen2.5-7B-Instruct data.path=prompts.jsonl +reward=accuracy "
@@ -278,4 +278,3 @@ def test_the_command_works(command, workspace, monkeypatch, request):
     run_training_app(arguments, monkeypatch)
     if "--help" not in arguments:
         assert_the_runs_succeeded(workspace)
-

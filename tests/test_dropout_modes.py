@@ -35,19 +35,22 @@ LOG_RATIO_PROBE = """
 def test_samples_old_and_reference_log_probs_come_from_training_mode_passes(local_plugin, tmp_path):
     model_dir = build_tiny_model(tmp_path / "model", attention_dropout=1.0)
     registry = Registry(plugin_manager(local_modules=[local_plugin("log_ratio_probe", LOG_RATIO_PROBE)]))
-    cfg = grpo_kit.compose(tiny_run(
-        model_dir,
-        "+loss=log_ratio_probe",
-        "+reward=accuracy",
-        "trainer.learning_rate=0",  # the policy never moves: its old log-probs must equal its trained ones
-        "trainer.per_device_train_batch_size=4",
-        "algorithm.steps_per_generation=2",  # the second micro-batch's old log-probs are computed at generation
-        "trainer.max_steps=2",
-        "model.lora.enabled=true",  # its reference is the policy itself with the adapters off, equal at the start
-        "algorithm.beta=0.04",
-        "rollout_correction=token_truncate",  # so that the sampler's log-probs are compared with the old ones
-        "algorithm.correct_policy_sampler=true",
-    ), registry)
+    cfg = grpo_kit.compose(
+        tiny_run(
+            model_dir,
+            "+loss=log_ratio_probe",
+            "+reward=accuracy",
+            "trainer.learning_rate=0",  # the policy never moves: its old log-probs must equal its trained ones
+            "trainer.per_device_train_batch_size=4",
+            "algorithm.steps_per_generation=2",  # the second micro-batch's old log-probs are computed at generation
+            "trainer.max_steps=2",
+            "model.lora.enabled=true",  # its reference is the policy itself with the adapters off, equal at the start
+            "algorithm.beta=0.04",
+            "rollout_correction=token_truncate",  # so that the sampler's log-probs are compared with the old ones
+            "algorithm.correct_policy_sampler=true",
+        ),
+        registry,
+    )
     grpo_kit.train(cfg, tmp_path / "run", registry)
     lines = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     steps = [line for line in lines if "loss" in line]

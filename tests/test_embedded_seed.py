@@ -16,8 +16,14 @@ def logged(run_dir) -> list[tuple[float, float]]:
 def test_building_the_embedded_model_leaves_the_runs_random_streams_alone(registry, tmp_path, monkeypatch):
     cache = tmp_path / "cache"
     monkeypatch.setenv("GRPO_KIT_CACHE", str(cache))
-    overrides = ["+reward=accuracy", "trainer.max_steps=5", "trainer.per_device_train_batch_size=32",
-                 "trainer.progress_bar=false", "eval.split=null", "eval.on_start=false"]
+    overrides = [
+        "+reward=accuracy",
+        "trainer.max_steps=5",
+        "trainer.per_device_train_batch_size=32",
+        "trainer.progress_bar=false",
+        "eval.split=null",
+        "eval.on_start=false",
+    ]
     for name in ("builds_the_model", "finds_it_built"):
         grpo_kit.train(grpo_kit.compose(overrides, registry), tmp_path / name, registry)
     assert len(list(cache.glob("embedded-model-*"))) == 1

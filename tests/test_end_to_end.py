@@ -48,8 +48,16 @@ def test_a_lora_run_learns_the_embedded_task(tmp_path):
     pytest.importorskip("peft")
     run_dir = tmp_path / "run"
     subprocess.run(
-        [sys.executable, "-m", "grpo_kit", "+reward=accuracy", "model.lora.enabled=true", "trainer.max_steps=250",
-         "eval.split=train", f"hydra.run.dir={run_dir}"],
+        [
+            sys.executable,
+            "-m",
+            "grpo_kit",
+            "+reward=accuracy",
+            "model.lora.enabled=true",
+            "trainer.max_steps=250",
+            "eval.split=train",
+            f"hydra.run.dir={run_dir}",
+        ],
         check=True,
         stdout=subprocess.DEVNULL,
     )
@@ -67,13 +75,23 @@ def test_two_processes_learn_the_embedded_task_as_one_does(tmp_path):
     run_dir = tmp_path / "run"
     launch = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2"]
     subprocess.run(
-        [*launch, "-m", "grpo_kit", "+loss=dapo", "+reward=accuracy", "trainer.per_device_train_batch_size=64",
-         "trainer.progress_bar=false", f"hydra.run.dir={run_dir}"],
+        [
+            *launch,
+            "-m",
+            "grpo_kit",
+            "+loss=dapo",
+            "+reward=accuracy",
+            "trainer.per_device_train_batch_size=64",
+            "trainer.progress_bar=false",
+            f"hydra.run.dir={run_dir}",
+        ],
         check=True,
         stdout=subprocess.DEVNULL,
         env={**os.environ, "OMP_NUM_THREADS": "1"},
     )
     first, last = tenths(run_dir / "metrics.jsonl")
     held_out = held_out_rewards(run_dir / "metrics.jsonl")
-    print(f"2 processes: mean reward {first:.3f} in the first tenth of steps, {last:.3f} in the last; held out {held_out}")
+    print(
+        f"2 processes: mean reward {first:.3f} in the first tenth of steps, {last:.3f} in the last; held out {held_out}"
+    )
     assert learnt_to_add(held_out)

@@ -49,7 +49,10 @@ def test_eval_metrics_are_logged_every_eval_steps_and_at_the_end(registry, tiny_
 
 def test_evaluating_does_not_change_what_is_trained(registry, tiny_model, tmp_path, eval_file):
     no_eval = ["eval.split=null"]  # the embedded task's preset evaluates
-    for name, extra in [("plain", no_eval), ("evaluated", [f"eval.path={eval_file}", "eval.steps=1", "eval.on_start=true"])]:
+    for name, extra in [
+        ("plain", no_eval),
+        ("evaluated", [f"eval.path={eval_file}", "eval.steps=1", "eval.on_start=true"]),
+    ]:
         grpo_kit.train(grpo_kit.compose(run(tiny_model, *extra), registry), tmp_path / name, registry)
     plain = load_file(tmp_path / "plain" / "model" / "model.safetensors")
     evaluated = load_file(tmp_path / "evaluated" / "model" / "model.safetensors")
@@ -61,7 +64,9 @@ def test_evaluating_does_not_change_what_is_trained(registry, tiny_model, tmp_pa
 
 
 def test_eval_generations_and_batch_size_are_its_own(local_plugin, tiny_model, tmp_path, eval_file):
-    module = local_plugin("batch_sizes_reward", """
+    module = local_plugin(
+        "batch_sizes_reward",
+        """
         import grpo_kit
 
         SIZES = []
@@ -73,10 +78,19 @@ def test_eval_generations_and_batch_size_are_its_own(local_plugin, tiny_model, t
         @grpo_kit.hookimpl
         def register_rewards(register):
             register("batch_sizes", batch_sizes)
-    """)
+    """,
+    )
     registry = Registry(plugin_manager(local_modules=[module]))
-    overrides = tiny_run(tiny_model, "+reward=batch_sizes", f"eval.path={eval_file}", "eval.num_examples=5",
-                         "eval.num_generations=3", "eval.batch_size=2", "eval.on_start=false", "trainer.max_steps=1")
+    overrides = tiny_run(
+        tiny_model,
+        "+reward=batch_sizes",
+        f"eval.path={eval_file}",
+        "eval.num_examples=5",
+        "eval.num_generations=3",
+        "eval.batch_size=2",
+        "eval.on_start=false",
+        "trainer.max_steps=1",
+    )
     grpo_kit.train(grpo_kit.compose(overrides, registry), tmp_path / "run", registry)
     sizes = importlib.import_module(module).SIZES
     assert sizes == [8, 2 * 3, 2 * 3, 1 * 3]  # one training batch, then 5 eval prompts in batches of 2, 3 each
@@ -92,7 +106,8 @@ def question(prompt) -> str:
 
 
 def pretraining_questions(task: str) -> set[str]:
-    """The questions of every example the embedded model `task` is pretrained on, drawn as its pretraining draws them."""
+    """The questions of every example the embedded model `task` is pretrained on, drawn as its pretraining draws
+    them."""
     rng = random.Random(embedded.MODEL_SEED)
     if task == "sums":
         texts = (embedded._noisy_example(rng) for _ in range(embedded.PRETRAIN_STEPS * embedded.PRETRAIN_BATCH))

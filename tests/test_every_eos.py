@@ -1,4 +1,5 @@
-"""Where a completion ends (grpo_kit/contract/eos.py), as TRL decides it: at every EOS id of the model's generation config
+"""Where a completion ends (grpo_kit/contract/eos.py), as TRL decides it: at every EOS id of the model's generation
+config
 and the tokenizer's, in the tool loop and custom rollouts too; and it is truncated only when its last token is
 neither an EOS nor the pad token."""
 
@@ -18,7 +19,10 @@ from grpo_kit.testing import tiny_run
 
 def test_the_set_is_the_tokenizers_eos_then_the_generation_configs():
     tokenizer = SimpleNamespace(eos_token_id=1)
-    of = lambda configured: eos_token_ids(SimpleNamespace(generation_config=SimpleNamespace(eos_token_id=configured)), tokenizer)  # noqa: E731
+
+    def of(configured):
+        return eos_token_ids(SimpleNamespace(generation_config=SimpleNamespace(eos_token_id=configured)), tokenizer)
+
     assert of(None) == [1] and of(1) == [1] and of(7) == [1, 7]
     assert of([7, 1]) == [1, 7]  # Qwen2.5/Qwen3 Instruct: <|im_end|> and <|endoftext|>, each once
 
@@ -103,13 +107,26 @@ PAD_ENDING_ROLLOUT = """
 """
 
 
-def test_a_completion_ending_in_a_sampled_pad_token_is_not_clipped_and_is_trained_on(local_plugin, tiny_model, tmp_path):
+def test_a_completion_ending_in_a_sampled_pad_token_is_not_clipped_and_is_trained_on(
+    local_plugin, tiny_model, tmp_path
+):
     from grpo_kit.plugins.registry import Registry, plugin_manager
 
     registry = Registry(plugin_manager(local_modules=[local_plugin("pad_ending_rollout", PAD_ENDING_ROLLOUT)]))
-    cfg = grpo_kit.compose(tiny_run(tiny_model, "+rollout=pad_ending", "+reward=says_one", "trainer.max_steps=1",
-                                    "algorithm.mask_truncated_completions=true", "rollout_correction=none"), registry)
+    cfg = grpo_kit.compose(
+        tiny_run(
+            tiny_model,
+            "+rollout=pad_ending",
+            "+reward=says_one",
+            "trainer.max_steps=1",
+            "algorithm.mask_truncated_completions=true",
+            "rollout_correction=none",
+        ),
+        registry,
+    )
     grpo_kit.train(cfg, tmp_path, registry)
-    step = next(json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines() if "loss" in json.loads(line))
+    step = next(
+        json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines() if "loss" in json.loads(line)
+    )
     assert step["completions/clipped_ratio"] == 0.0  # as TRL counts: the last token is the pad token
     assert step["grad_norm"] > 0  # mask_truncated_completions kept them: the group's rewards differ, so they teach

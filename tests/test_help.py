@@ -107,7 +107,9 @@ def test_grpo_kit_plugins_describes_each_plugin_in_one_line(registry, capsys):
 def test_a_description_is_read_from_the_source_without_importing_the_implementation(
     registry, local_plugin, tmp_path, monkeypatch, capsys
 ):
-    local_plugin("never_imported", '''
+    local_plugin(
+        "never_imported",
+        '''
         """The module's summary,
         over two lines.
 
@@ -121,8 +123,11 @@ def test_a_description_is_read_from_the_source_without_importing_the_implementat
 
 
         def undocumented(prompts, completions, completion_ids, **columns): ...
-    ''')
-    module = local_plugin("describing_plugins", '''
+    ''',
+    )
+    module = local_plugin(
+        "describing_plugins",
+        """
         import grpo_kit
 
 
@@ -136,7 +141,8 @@ def test_a_description_is_read_from_the_source_without_importing_the_implementat
             register("undocumented", "never_imported:undocumented")
             register("nowhere", "no_such_module:anything")
             register("in_a_package", "unimported_package.rewards:score")
-    ''')
+    """,
+    )
     (tmp_path / "unimported_package").mkdir()  # local_plugin's folder, on sys.path
     (tmp_path / "unimported_package" / "__init__.py").write_text('raise RuntimeError("imported the package")')
     (tmp_path / "unimported_package" / "rewards.py").write_text('def score(*args, **kwargs):\n    """Scores."""\n')
@@ -152,7 +158,9 @@ def test_a_description_is_read_from_the_source_without_importing_the_implementat
 
 
 def test_the_json_holds_import_paths_and_type_names_not_internal_values(registry, local_plugin, monkeypatch, capsys):
-    module = local_plugin("colour_reward", '''
+    module = local_plugin(
+        "colour_reward",
+        """
         import enum
         from dataclasses import dataclass
 
@@ -176,7 +184,8 @@ def test_the_json_holds_import_paths_and_type_names_not_internal_values(registry
         @grpo_kit.hookimpl
         def register_rewards(register):
             register("colour", colour, ColourConfig)
-    ''')
+    """,
+    )
     monkeypatch.setenv("GRPO_KIT_PLUGINS", module)
     plugins = listed(capsys)
 
@@ -200,13 +209,18 @@ def plugin_options(registry):
             if plugin.distribution.split()[0] not in BUILT_IN_DISTRIBUTIONS:
                 continue
             for field in dataclasses.fields(plugin.config):
-                declaring = next(klass for klass in plugin.config.__mro__ if field.name in inspect.get_annotations(klass))
+                declaring = next(
+                    klass for klass in plugin.config.__mro__ if field.name in inspect.get_annotations(klass)
+                )
                 yield plugin, field, declaring
 
 
 def without_help(options) -> list[str]:
-    missing = {f"{plugin.kind}.{field.name} ({declaring.__qualname__})" for plugin, field, declaring in options
-               if not field_help(plugin.config, field)}
+    missing = {
+        f"{plugin.kind}.{field.name} ({declaring.__qualname__})"
+        for plugin, field, declaring in options
+        if not field_help(plugin.config, field)
+    }
     return sorted(missing)
 
 

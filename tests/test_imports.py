@@ -77,7 +77,7 @@ def test_the_heavy_public_names_import_when_used():
     from grpo_kit.contract import pipeline
     from grpo_kit.objective.objective import build_objective as objective_builder
     from grpo_kit.training.builders import build_advantage as advantage_builder
-    from grpo_kit.training.trainer import train as trainer_train
+    from grpo_kit.training.loop import train as trainer_train
 
     assert (build_advantage, build_objective, train) == (advantage_builder, objective_builder, trainer_train)
     assert (Run, ScoredBatch) == (pipeline.Run, pipeline.ScoredBatch)
@@ -90,14 +90,17 @@ def test_the_conformance_kit_names_what_imports_torch(local_plugin):
     from grpo_kit.testing.contracts import _what_imports_torch
 
     heavy = local_plugin("heavy_plugin_module", "import torch\n")
-    registers_heavy = local_plugin("registers_heavy_class", """
+    registers_heavy = local_plugin(
+        "registers_heavy_class",
+        """
         import grpo_kit
 
         @grpo_kit.hookimpl
         def register_losses(register):
             from grpo_kit_losses.dapo import DAPO  # imported in the hook: still at registration
             register("heavy", DAPO)
-    """)
+    """,
+    )
     assert _what_imports_torch(heavy) == "Importing heavy_plugin_module"
     assert _what_imports_torch(registers_heavy).startswith("Registering the plugins of registers_heavy_class")
     assert _what_imports_torch("grpo_kit_losses.plugin") is None

@@ -1,4 +1,5 @@
-"""The contract in grpo_kit/contract/kinds.py: every attribute the core reads of a plugin has its default there, whether the
+"""The contract in grpo_kit/contract/kinds.py: every attribute the core reads of a plugin has its default there,
+whether the
 plugin subclasses its kind's protocol or not."""
 
 import json
@@ -20,7 +21,8 @@ def test_every_trait_has_a_default_in_its_kinds_protocol():
 def test_a_subclass_without_options_is_built_without_a_config(local_plugin):
     hooks = "\n".join(
         f"@grpo_kit.hookimpl\ndef {REGISTER_HOOK_OF_KIND[kind]}(register):\n"
-        f"    register('without_options', type('WithoutOptions', (grpo_kit.contract.kinds.{protocol.__name__},), {{}}))\n"
+        f"    register('without_options', type('WithoutOptions', (grpo_kit.contract.kinds.{protocol.__name__},), "
+        f"{{}}))\n"
         for kind, protocol in PROTOCOLS.items()
     )
     registry = Registry(plugin_manager(local_modules=[local_plugin("without_options", f"import grpo_kit\n{hooks}")]))
@@ -56,7 +58,9 @@ def test_a_class_that_does_not_subclass_gets_the_same_defaults():
 
 def test_a_plain_loss_class_trains_with_the_defaults(plain_loss_registry, tiny_model, tmp_path):
     assert plain_loss_registry.get("loss", "plain_pg").traits == {
-        "importance_sampling_level": None, "rollout_correction_levels": None, "accumulation_invariant": False,
+        "importance_sampling_level": None,
+        "rollout_correction_levels": None,
+        "accumulation_invariant": False,
     }
     # A token-level correction: the core multiplies the loss by its ratio, as it does for a loss that does not
     # declare consumes_rollout_ratio.

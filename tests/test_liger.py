@@ -16,7 +16,12 @@ from transformers import AutoModelForCausalLM, Gemma2Config, Gemma2ForCausalLM
 import grpo_kit
 from grpo_kit.objective.policy_loss import PolicyLoss
 from grpo_kit.testing import build_tiny_model, tiny_run
-from grpo_kit.testing.micro_batches import add_reference_quantities, loss_and_gradients, random_micro_batch
+from grpo_kit.testing.micro_batches import (
+    add_reference_quantities,
+    half_a_generation_batch,
+    loss_and_gradients,
+    random_micro_batch,
+)
 
 
 @pytest.fixture
@@ -92,14 +97,16 @@ def assert_same(expected, actual, tolerance=TOLERANCE):
         torch.testing.assert_close(other_metrics[name], value, atol=tolerance, rtol=0, equal_nan=True, msg=name)
 
 
-def compare(liger, plain, model, quantities=None, seed=0, **reduction):
+def compare(liger, plain, model, quantities=None, seed=0, **divisors):
+    """`divisors`: the Reduction's accumulation and process counts, where they are not half_a_generation_batch's."""
     batch = random_micro_batch(model.config.vocab_size, seed=seed)
     if quantities:
         with torch.no_grad():
             logps, _ = plain.logps(model, batch)
         batch = add_reference_quantities(batch, logps, **quantities)
-    expected = loss_and_gradients(plain, model, batch, **reduction)
-    assert_same(expected, loss_and_gradients(liger, model, batch, **reduction))
+    reduction = half_a_generation_batch(batch, plain.objective.max_completion_length, **divisors)
+    expected = loss_and_gradients(plain, model, batch, reduction)
+    assert_same(expected, loss_and_gradients(liger, model, batch, reduction))
 
 
 @needs_liger
@@ -119,8 +126,8 @@ def test_liger_computes_each_loss_it_covers_as_the_plain_path(registry, tiny_mod
 def test_liger_divides_as_the_plugin_does_under_accumulation(registry, tiny_model, loss):
     liger, plain = liger_and_plain(registry, [f"+loss={loss}", "algorithm.beta=0.1"])
     model = AutoModelForCausalLM.from_pretrained(tiny_model)
-    for reduction in ({"gradient_accumulation_steps": 4, "steps_per_generation": 8}, {"num_processes": 2}):
-        compare(liger, plain, model, dict(old=True, ref=True), **reduction)
+    for divisors in ({"gradient_accumulation_steps": 4, "steps_per_generation": 8}, {"num_processes": 2}):
+        compare(liger, plain, model, dict(old=True, ref=True), **divisors)
         assert liger.last_path == "liger"
 
 
@@ -133,7 +140,9 @@ def test_liger_divides_as_the_plugin_does_under_accumulation(registry, tiny_mode
         ("algorithm.off_policy_mask_threshold=0.01", "off_policy_mask_threshold"),
     ],
 )
-def test_what_liger_lacks_falls_back_to_the_chunked_path_and_says_why_once(registry, tiny_model, caplog, option, reason):
+def test_what_liger_lacks_falls_back_to_the_chunked_path_and_says_why_once(
+    registry, tiny_model, caplog, option, reason
+):
     with caplog.at_level(logging.WARNING, logger="grpo_kit.objective.policy_loss"):
         liger, plain = liger_and_plain(registry, ["+loss=dapo", "algorithm.beta=0.1", option])
         model = AutoModelForCausalLM.from_pretrained(tiny_model)
@@ -162,10 +171,14 @@ def test_a_plugin_loss_without_a_liger_equivalent_gets_the_chunked_path(plain_lo
         ("misspelled_loss", "{'epsilon_lo': 0.2}", "refused the 'dapo' loss's options"),
     ],
 )
-def test_a_wrong_declaration_is_caught_before_it_trains(local_plugin, tiny_model, caplog, module_name, declared, reason):
+def test_a_wrong_declaration_is_caught_before_it_trains(
+    local_plugin, tiny_model, caplog, module_name, declared, reason
+):
     from grpo_kit.plugins.registry import Registry, plugin_manager
 
-    module = local_plugin(module_name, f"""
+    module = local_plugin(
+        module_name,
+        f"""
         import grpo_kit
         from grpo_kit.contract.kinds import LigerLoss
         from grpo_kit.contract.reductions import global_token_mean
@@ -192,7 +205,8 @@ def test_a_wrong_declaration_is_caught_before_it_trains(local_plugin, tiny_model
         @grpo_kit.hookimpl
         def register_losses(register):
             register("unclipped", Unclipped)
-    """)
+    """,
+    )
     registry = Registry(plugin_manager(local_modules=[module]))
     with caplog.at_level(logging.WARNING, logger="grpo_kit.objective.policy_loss"):
         liger, plain = liger_and_plain(registry, ["+loss=unclipped"])
@@ -251,8 +265,15 @@ def test_mixed_precision_runs_the_head_as_the_model_does(registry, tiny_model):
 def test_soft_capped_logits_get_the_chunked_path(registry, caplog):
     torch.manual_seed(0)
     config = Gemma2Config(
-        vocab_size=23, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
-        num_key_value_heads=1, head_dim=8, final_logit_softcapping=0.5, pad_token_id=0,
+        vocab_size=23,
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=8,
+        final_logit_softcapping=0.5,
+        pad_token_id=0,
     )
     liger, plain = liger_and_plain(registry, ["+loss=dapo"])
     with caplog.at_level(logging.WARNING, logger="grpo_kit.objective.policy_loss"):
@@ -281,7 +302,10 @@ def test_a_run_with_liger_takes_the_plain_runs_first_step(digits_registry, tiny_
         overrides = tiny_run(tiny_model, "+reward=digits", "+loss=grpo", "algorithm.beta=0.1", *extra)
         grpo_kit.train(grpo_kit.compose(overrides, digits_registry), tmp_path / name, digits_registry)
         first_steps[name] = json.loads((tmp_path / name / "metrics.jsonl").read_text().splitlines()[0])
-    assert calls, "the trainer does not build its PolicyLoss with grpo_kit.objective.policy_loss.build_policy_loss(cfg, objective)"
+    assert calls, (
+        "the trainer does not build its PolicyLoss with grpo_kit.objective.policy_loss.build_policy_loss(cfg, "
+        "objective)"
+    )
     # One step's numbers agree; later ones stray by Adam's amplification of ~1e-8 differences in tiny gradients.
     for key in ("loss", "grad_norm", "kl", "entropy", "clip_ratio/region_mean"):
         assert first_steps["liger"][key] == pytest.approx(first_steps["full"][key], abs=TOLERANCE), key

@@ -26,14 +26,17 @@ def test_lock_records_distributions_entry_points_and_config_hash(registry):
 @pytest.fixture
 def other_registry(registry, local_plugin):
     """The installed plugins less cispo, and one more loss."""
-    module = local_plugin("lock_extra", """
+    module = local_plugin(
+        "lock_extra",
+        """
         import grpo_kit
         from grpo_kit_losses.grpo import GRPO
 
         @grpo_kit.hookimpl
         def register_losses(register):
             register("grpo_copy", GRPO)
-    """)
+    """,
+    )
     return Registry(plugin_manager(local_modules=[module], disabled=["cispo"]))
 
 
@@ -41,8 +44,9 @@ def test_a_resumed_session_with_other_plugins_is_warned_about_and_recorded(regis
     record_session(tmp_path, registry, grpo_kit.compose(["+reward=accuracy"], registry), start_step=0)
     first = sessions(tmp_path)[0]
     with caplog.at_level(logging.WARNING):
-        record_session(tmp_path, other_registry, grpo_kit.compose(["+reward=accuracy", "seed=7"], other_registry),
-                       start_step=3)
+        record_session(
+            tmp_path, other_registry, grpo_kit.compose(["+reward=accuracy", "seed=7"], other_registry), start_step=3
+        )
     assert "The steps up to 3 of this run were trained with other plugins" in caplog.text
     assert "plugins loss/grpo_copy: (absent) -> local module lock_extra" in caplog.text
     assert "plugins loss/cispo: grpo-kit-losses" in caplog.text and "-> (absent)" in caplog.text
@@ -53,7 +57,10 @@ def test_a_resumed_session_with_other_plugins_is_warned_about_and_recorded(regis
 
 
 def test_an_attempt_whose_steps_are_not_kept_is_replaced_without_a_warning(registry, other_registry, tmp_path, caplog):
-    cfg, other = grpo_kit.compose(["+reward=accuracy"], registry), grpo_kit.compose(["+reward=accuracy"], other_registry)
+    cfg, other = (
+        grpo_kit.compose(["+reward=accuracy"], registry),
+        grpo_kit.compose(["+reward=accuracy"], other_registry),
+    )
     record_session(tmp_path, other_registry, other, start_step=0)
     with caplog.at_level(logging.WARNING):
         record_session(tmp_path, registry, cfg, start_step=0)  # the first attempt failed before its first step

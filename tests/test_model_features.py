@@ -39,9 +39,14 @@ def untied_model(tmp_path_factory):
 
 # LoRA
 
+
 def test_lora_trains_the_adapters_only_and_saves_them(registry, tiny_model, tmp_path):
     pytest.importorskip("peft")
-    grpo_kit.train(grpo_kit.compose(run(tiny_model, "model.lora.enabled=true", "model.lora.r=4"), registry), tmp_path / "run", registry)
+    grpo_kit.train(
+        grpo_kit.compose(run(tiny_model, "model.lora.enabled=true", "model.lora.r=4"), registry),
+        tmp_path / "run",
+        registry,
+    )
     saved = tmp_path / "run" / "model"
     assert (saved / "adapter_config.json").exists() and not (saved / "model.safetensors").exists()
     base = AutoModelForCausalLM.from_pretrained(tiny_model).state_dict()
@@ -57,8 +62,13 @@ def test_lora_trains_the_adapters_only_and_saves_them(registry, tiny_model, tmp_
 def test_a_lora_run_resumes_from_its_checkpoint(registry, tiny_model, tmp_path):
     pytest.importorskip("peft")
     # A constant learning rate: the shorter first leg must not change the schedule.
-    overrides = run(tiny_model, "model.lora.enabled=true", "trainer.save_steps=1", "trainer.lr_scheduler_type=constant",
-                    "trainer.max_steps=3")
+    overrides = run(
+        tiny_model,
+        "model.lora.enabled=true",
+        "trainer.save_steps=1",
+        "trainer.lr_scheduler_type=constant",
+        "trainer.max_steps=3",
+    )
     grpo_kit.train(grpo_kit.compose(overrides, registry), tmp_path / "whole", registry)
     grpo_kit.train(grpo_kit.compose([*overrides[:-1], "trainer.max_steps=2"], registry), tmp_path / "part", registry)
     resumed = grpo_kit.compose([*overrides, "trainer.resume=auto", "trainer.resume_force=true"], registry)
@@ -79,7 +89,8 @@ def test_the_reference_of_a_lora_run_is_its_base_model(registry, tiny_model, tmp
 
 def test_generating_from_a_merged_copy_samples_the_trained_lora_policy(registry, tiny_model, tmp_path):
     pytest.importorskip("peft")
-    from grpo_kit.model.lora import add_adapters, merged_copy, refresh_merged_copy
+    from grpo_kit.contract.lora import merged_copy, refresh_merged_copy
+    from grpo_kit.model.lora import add_adapters
 
     model = add_adapters(AutoModelForCausalLM.from_pretrained(tiny_model), LoraConfig(r=4, dropout=0.0)).eval()
     merged = merged_copy(model)
@@ -99,7 +110,9 @@ def test_generating_from_a_merged_copy_samples_the_trained_lora_policy(registry,
 
 def test_merge_lora_without_lora_says_what_to_turn_on(registry, tiny_model, tmp_path):
     with pytest.raises(ValueError, match="model.lora.enabled=true"):
-        grpo_kit.train(grpo_kit.compose(run(tiny_model, "generation.merge_lora=true"), registry), tmp_path / "run", registry)
+        grpo_kit.train(
+            grpo_kit.compose(run(tiny_model, "generation.merge_lora=true"), registry), tmp_path / "run", registry
+        )
 
 
 def test_a_lora_reference_cannot_be_synced(registry, tiny_model):
@@ -111,6 +124,7 @@ def test_a_lora_reference_cannot_be_synced(registry, tiny_model):
 
 # Memory and precision
 
+
 def test_gradient_checkpointing_trains_the_same_weights(registry, tiny_model, tmp_path):
     for name, extra in [("plain", []), ("checkpointed", ["model.gradient_checkpointing=true"])]:
         grpo_kit.train(grpo_kit.compose(run(tiny_model, *extra), registry), tmp_path / name, registry)
@@ -121,7 +135,9 @@ def test_gradient_checkpointing_trains_the_same_weights(registry, tiny_model, tm
 
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])
 def test_mixed_precision_trains_on_cpu(registry, tiny_model, tmp_path, precision):
-    grpo_kit.train(grpo_kit.compose(run(tiny_model, f"trainer.mixed_precision={precision}"), registry), tmp_path / "run", registry)
+    grpo_kit.train(
+        grpo_kit.compose(run(tiny_model, f"trainer.mixed_precision={precision}"), registry), tmp_path / "run", registry
+    )
     lines = logged(tmp_path / "run")
     assert all(torch.isfinite(torch.tensor(line["loss"])) for line in lines)
     weights = final_weights(tmp_path / "run")
@@ -136,7 +152,11 @@ def test_an_unknown_precision_is_refused(registry, tiny_model):
 
 
 def test_the_lm_head_computes_in_float32_under_bf16(registry, untied_model, tmp_path):
-    model, _ = load_model(ModelConfig(name_or_path=str(untied_model), cast_lm_head_to_fp32=True, model_init_kwargs={"dtype": torch.bfloat16}))
+    model, _ = load_model(
+        ModelConfig(
+            name_or_path=str(untied_model), cast_lm_head_to_fp32=True, model_init_kwargs={"dtype": torch.bfloat16}
+        )
+    )
     assert model.lm_head.weight.dtype == torch.float32
     assert model.model.layers[0].mlp.up_proj.weight.dtype == torch.bfloat16
     with torch.autocast("cpu", dtype=torch.bfloat16):
@@ -158,7 +178,9 @@ def test_disable_dropout_makes_training_forward_passes_repeatable(tmp_path, lora
     path = build_tiny_model(tmp_path / "model", attention_dropout=0.5)
     inputs = torch.randint(2, 16, (2, 6))
     for disabled in (False, True):
-        config = ModelConfig(name_or_path=str(path), disable_dropout=disabled, lora=LoraConfig(enabled=lora, dropout=0.5))
+        config = ModelConfig(
+            name_or_path=str(path), disable_dropout=disabled, lora=LoraConfig(enabled=lora, dropout=0.5)
+        )
         model = load_model(config)[0].train()
         repeatable = torch.equal(model(input_ids=inputs).logits, model(input_ids=inputs).logits)
         assert repeatable == disabled
@@ -173,6 +195,8 @@ def test_lora_without_peft_says_how_to_install_it(monkeypatch, tiny_model):
     import importlib.util
 
     real_find_spec = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "peft" else real_find_spec(name, *a))
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "peft" else real_find_spec(name, *a)
+    )
     with pytest.raises(ModuleNotFoundError, match=r"grpo-kit\[lora\]"):
         load_model(ModelConfig(name_or_path=str(tiny_model), lora=LoraConfig(enabled=True)))

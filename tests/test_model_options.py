@@ -14,7 +14,7 @@ from grpo_kit.model.loading import checkpointing_wanted, load_model
 from grpo_kit.rollout.prompts import prompt_text, use_chat_template_kwargs
 from grpo_kit.rollout.tool_use import render
 from grpo_kit.testing import build_tiny_model, build_tiny_reward_model, tiny_run
-from grpo_kit.training.trainer import setup
+from grpo_kit.training.setup import setup
 
 # Qwen3's switch, in the characters the tiny tokenizer knows: "=" with thinking off, "= " otherwise.
 THINKING_TEMPLATE = (
@@ -44,8 +44,10 @@ def with_remote_code(directory, model_class: str):
     """The saved model's folder, its config and tokenizer pointing at classes in its own remote_code.py (as a hub
     repository with custom code does): transformers uses them only with trust_remote_code=True."""
     (directory / "remote_code.py").write_text(REMOTE_CODE)
-    for name, entry in (("config.json", {model_class.split(":")[0]: model_class.split(":")[1]}),
-                        ("tokenizer_config.json", {"AutoTokenizer": [None, "remote_code.RemoteTokenizer"]})):
+    for name, entry in (
+        ("config.json", {model_class.split(":")[0]: model_class.split(":")[1]}),
+        ("tokenizer_config.json", {"AutoTokenizer": [None, "remote_code.RemoteTokenizer"]}),
+    ):
         config = json.loads((directory / name).read_text())
         config["auto_map"] = entry
         (directory / name).write_text(json.dumps(config))
@@ -59,7 +61,9 @@ def remote_model(tmp_path_factory):
 
 
 def test_chat_template_kwargs_reach_every_rendering_of_a_chat_prompt(tiny_model, tmp_path):
-    tokenizer = load_model(ModelConfig(name_or_path=str(build_tiny_model(tmp_path, chat_template=THINKING_TEMPLATE))))[1]
+    tokenizer = load_model(ModelConfig(name_or_path=str(build_tiny_model(tmp_path, chat_template=THINKING_TEMPLATE))))[
+        1
+    ]
     assert prompt_text(tokenizer, PROMPT) == "1+2= "
     use_chat_template_kwargs(tokenizer, {"enable_thinking": False})
     assert prompt_text(tokenizer, PROMPT) == "1+2="  # training and eval prompts (grpo_kit/rollout/rollout.py)
@@ -68,18 +72,19 @@ def test_chat_template_kwargs_reach_every_rendering_of_a_chat_prompt(tiny_model,
 
 def test_the_run_applies_its_options_to_the_policy(registry, remote_model, tmp_path):
     overrides = tiny_run(
-        remote_model, "+reward=accuracy", "+data.chat_template_kwargs.enable_thinking=false",
-        "model.trust_remote_code=true", "model.gradient_checkpointing=true",
+        remote_model,
+        "+reward=accuracy",
+        "+data.chat_template_kwargs.enable_thinking=false",
+        "model.trust_remote_code=true",
+        "model.gradient_checkpointing=true",
         "+trainer.gradient_checkpointing_kwargs.use_reentrant=true",
     )
-    state = setup(grpo_kit.compose(overrides, registry), tmp_path, registry)
-    try:
-        assert prompt_text(state.rollout.tokenizer, PROMPT) == "1+2="
-        assert type(state.rollout.tokenizer).__name__ == "RemoteTokenizer"
+    session, state = setup(grpo_kit.compose(overrides, registry), tmp_path, registry)
+    with session.resources:
+        assert prompt_text(session.run.tokenizer, PROMPT) == "1+2="
+        assert type(session.run.tokenizer).__name__ == "RemoteTokenizer"
         assert type(state.model).__name__ == "RemoteQwen2ForCausalLM"
         assert state.model.model.layers[0]._gradient_checkpointing_func.keywords == {"use_reentrant": True}
-    finally:
-        state.outputs.close()
 
 
 def test_without_trust_remote_code_the_built_in_classes_load(remote_model):
@@ -92,7 +97,10 @@ def test_the_reward_model_trusts_remote_code_as_the_policy_does(registry, tmp_pa
         build_tiny_reward_model(tmp_path / "reward"),
         "AutoModelForSequenceClassification:remote_code.RemoteQwen2ForSequenceClassification",
     )
-    for trust, expected in (("false", "Qwen2ForSequenceClassification"), ("true", "RemoteQwen2ForSequenceClassification")):
+    for trust, expected in (
+        ("false", "Qwen2ForSequenceClassification"),
+        ("true", "RemoteQwen2ForSequenceClassification"),
+    ):
         cfg = grpo_kit.compose(
             ["+reward=reward_model", f"reward.reward_model.path={reward_model}", f"model.trust_remote_code={trust}"],
             registry,
@@ -139,5 +147,25 @@ def test_a_bfloat16_checkpoint_loads_in_float32_as_in_trl(tiny_model, tmp_path):
 
 
 def test_gradient_checkpointing_takes_true_false_or_auto(registry):
-    with pytest.raises(grpo_kit.contract.errors.ConfigError, match="model.gradient_checkpointing=sometimes must be true, false or auto"):
+    with pytest.raises(
+        grpo_kit.contract.errors.ConfigError, match="model.gradient_checkpointing=sometimes must be true, false or auto"
+    ):
         grpo_kit.compose(["+reward=accuracy", "model.gradient_checkpointing=sometimes"], registry)
+
+
+def test_the_speed_up_switches_reach_the_policy_and_its_reference(registry, tiny_model):
+    pytest.importorskip("peft")
+    from grpo_kit.model.fast.switches import SpeedUps
+    from grpo_kit.model.loading import load_reference_model
+    from grpo_kit.model.logprobs import speed_ups
+
+    assert speed_ups(load_model(ModelConfig(name_or_path=str(tiny_model)))[0]) == SpeedUps()
+    for switches, lora in [
+        ("model.mask_free_passes=false", "false"),
+        ("model.length_groups=false", "true"),
+        ("model.cpu_chunked_attention=false", "true"),
+    ]:
+        cfg = grpo_kit.compose(tiny_run(tiny_model, switches, f"model.lora.enabled={lora}"), registry)
+        expected = SpeedUps(**{switches.removeprefix("model.").removesuffix("=false"): False})
+        policy, _ = load_model(cfg.model)
+        assert speed_ups(policy) == speed_ups(load_reference_model(policy, torch.device("cpu"))) == expected

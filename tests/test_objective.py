@@ -35,7 +35,9 @@ def test_k3_kl_and_its_bias_correction(registry):
     old = torch.full((2, 3), -0.2)
     batch = on_policy_batch(ref_per_token_logps=ref, old_per_token_logps=old, advantages=torch.zeros(2))
     kl = torch.exp(torch.tensor(-0.5)) + 0.5 - 1  # k3 at ref - logp = -0.5
-    plain = objective(registry, "algorithm.beta=0.1", "algorithm.use_bias_correction_kl=false")(logps, torch.ones(2, 3), batch)
+    plain = objective(registry, "algorithm.beta=0.1", "algorithm.use_bias_correction_kl=false")(
+        logps, torch.ones(2, 3), batch
+    )
     assert plain.loss.item() == pytest.approx(0.1 * kl.item(), rel=1e-5)
     assert plain.metrics["kl"].item() == pytest.approx(kl.item(), rel=1e-5)
     corrected = objective(registry, "algorithm.beta=0.1")(logps, torch.ones(2, 3), batch)
@@ -85,7 +87,9 @@ def test_off_policy_mask_drops_stale_negative_sequences():
 def test_entropy_bonus_lowers_the_loss_by_the_mean_entropy(registry):
     logps = torch.zeros(2, 3)
     entropies = torch.tensor([[1.0, 2.0, 99.0], [3.0, 4.0, 5.0]], requires_grad=True)
-    out = objective(registry, "algorithm.entropy_coef=0.1")(logps, entropies, on_policy_batch(), gradient_accumulation_steps=2)
+    bonus = objective(registry, "algorithm.entropy_coef=0.1")
+    accumulated = grpo_kit.Reduction(float(MASK.sum()), 2, 1, 1, bonus.max_completion_length)  # 2 micro-batches a step
+    out = bonus(logps, entropies, on_policy_batch(), accumulated)
     # policy 0.2 / 2; bonus 0.1 * mean(1, 2, 3, 4, 5) / 2
     assert out.loss.item() == pytest.approx(0.1 - 0.15)
     out.loss.backward()
@@ -101,16 +105,15 @@ def test_token_normalised_losses_give_the_same_gradient_whole_or_accumulated(reg
         "completion_mask": mask,
         "advantages": torch.randn(8),
         "old_per_token_logps": logps + 0.2 * torch.randn(8, 5),
-        "num_items_in_batch": mask.sum(),
     }
     run = grpo_kit.build_objective(grpo_kit.compose([f"+loss={loss}"], registry), registry)
 
     def gradient(chunks):
+        reduction = grpo_kit.Reduction(float(mask.sum()), chunks, chunks, 1, run.max_completion_length)
         leaf = logps.clone().requires_grad_()
         for rows in torch.arange(8).chunk(chunks):
-            micro = {k: v if v.dim() == 0 else v[rows] for k, v in batch.items()}
-            run(leaf[rows], torch.ones(len(rows), 5), micro, gradient_accumulation_steps=chunks,
-                steps_per_generation=chunks).loss.backward()
+            micro = {k: v[rows] for k, v in batch.items()}
+            run(leaf[rows], torch.ones(len(rows), 5), micro, reduction).loss.backward()
         return leaf.grad
 
     torch.testing.assert_close(gradient(1), gradient(4))

@@ -11,7 +11,7 @@ from grpo_kit.contract.errors import PluginError
 from grpo_kit.contract.hookspecs import hookimpl
 from grpo_kit.plugins.registry import Registry, plugin_manager
 from grpo_kit.testing import tiny_run
-from grpo_kit.testing.contracts import HookContract
+from grpo_kit.testing.contracts import HookContract, LossContract
 
 BUILT_INS = {
     "loss": {"grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "luspo", "vespo"},
@@ -30,20 +30,25 @@ def test_built_ins_come_through_entry_points(registry):
 
 
 def test_each_registry_has_its_own_plugin_manager(local_plugin):
-    module = local_plugin("extra_loss", """
+    module = local_plugin(
+        "extra_loss",
+        """
         import grpo_kit
         from grpo_kit_losses.dapo import DAPO
 
         @grpo_kit.hookimpl
         def register_losses(register):
             register("extra", DAPO)
-    """)
+    """,
+    )
     assert "extra" in Registry(plugin_manager(local_modules=[module])).names("loss")
     assert "extra" not in Registry(plugin_manager(local_modules=[])).names("loss")
 
 
 def test_local_module_from_environment(local_plugin, monkeypatch):
-    module = local_plugin("env_reward", """
+    module = local_plugin(
+        "env_reward",
+        """
         import grpo_kit
 
         def always_one(prompts, completions, completion_ids, **columns):
@@ -52,48 +57,60 @@ def test_local_module_from_environment(local_plugin, monkeypatch):
         @grpo_kit.hookimpl
         def register_rewards(register):
             register("always_one", always_one)
-    """)
+    """,
+    )
     monkeypatch.setenv("GRPO_KIT_PLUGINS", module)
     plugin = Registry().get("reward", "always_one")
     assert plugin.distribution == f"local module {module}"
 
 
 def test_duplicate_name_names_both_distributions(local_plugin):
-    module = local_plugin("clashing_loss", """
+    module = local_plugin(
+        "clashing_loss",
+        """
         import grpo_kit
         from grpo_kit_losses.grpo import GRPO
 
         @grpo_kit.hookimpl
         def register_losses(register):
             register("dapo", GRPO)
-    """)
-    with pytest.raises(PluginError, match=r"Two loss plugins are named 'dapo'.*grpo-kit-losses.*local module clashing_loss"):
+    """,
+    )
+    with pytest.raises(
+        PluginError, match=r"Two loss plugins are named 'dapo'.*grpo-kit-losses.*local module clashing_loss"
+    ):
         Registry(plugin_manager(local_modules=[module]))
 
 
 def test_blocked_name_resolves_a_clash(local_plugin, monkeypatch):
-    module = local_plugin("clashing_loss2", """
+    module = local_plugin(
+        "clashing_loss2",
+        """
         import grpo_kit
         from grpo_kit_losses.grpo import GRPO
 
         @grpo_kit.hookimpl
         def register_losses(register):
             register("dapo", GRPO)
-    """)
+    """,
+    )
     monkeypatch.setenv("GRPO_KIT_DISABLE_PLUGINS", "dapo")
     registry = Registry(plugin_manager(local_modules=[module]))
     assert "dapo" not in registry.names("loss") and "grpo" in registry.names("loss")
 
 
 def test_the_advice_of_a_clash_keeps_one_of_the_two(local_plugin, monkeypatch):
-    module = local_plugin("clashing_loss3", """
+    module = local_plugin(
+        "clashing_loss3",
+        """
         import grpo_kit
         from grpo_kit_losses.grpo import GRPO
 
         @grpo_kit.hookimpl
         def register_losses(register):
             register("dapo", GRPO)
-    """)
+    """,
+    )
     with pytest.raises(PluginError) as clash:
         Registry(plugin_manager(local_modules=[module]))
     advice = re.findall(r"loss:dapo@([\w.-]+)", str(clash.value))
@@ -118,13 +135,16 @@ def test_autoload_off_leaves_only_local_modules(local_plugin, monkeypatch):
 
 
 def test_hook_with_a_misspelled_name_is_rejected(local_plugin):
-    module = local_plugin("misspelled_hook", """
+    module = local_plugin(
+        "misspelled_hook",
+        """
         import grpo_kit
 
         @grpo_kit.hookimpl
         def register_loss(register):
             pass
-    """)
+    """,
+    )
     with pytest.raises(PluginError, match="register_loss"):
         plugin_manager(local_modules=[module])
 
@@ -136,7 +156,9 @@ def test_local_module_that_fails_to_import_is_named(local_plugin):
 
 
 def test_reward_config_must_extend_reward_config(local_plugin):
-    module = local_plugin("bad_reward_config", """
+    module = local_plugin(
+        "bad_reward_config",
+        """
         from dataclasses import dataclass
         import grpo_kit
 
@@ -147,8 +169,11 @@ def test_reward_config_must_extend_reward_config(local_plugin):
         @grpo_kit.hookimpl
         def register_rewards(register):
             register("scaled", lambda **kwargs: [], Options)
-    """)
-    with pytest.raises(PluginError, match=r"reward plugin 'scaled'.*must be a dataclass extending grpo_kit.RewardConfig"):
+    """,
+    )
+    with pytest.raises(
+        PluginError, match=r"reward plugin 'scaled'.*must be a dataclass extending grpo_kit.RewardConfig"
+    ):
         Registry(plugin_manager(local_modules=[module]))
 
 
@@ -166,7 +191,9 @@ def test_uninstalling_a_distribution_removes_only_its_names(monkeypatch):
     full = Registry(plugin_manager(local_modules=[]))
     without_distribution(monkeypatch, "grpo-kit-losses")
     reduced = Registry(plugin_manager(local_modules=[]))
-    others = [name for name in full.names("loss") if not full.get("loss", name).distribution.startswith("grpo-kit-losses ")]
+    others = [
+        name for name in full.names("loss") if not full.get("loss", name).distribution.startswith("grpo-kit-losses ")
+    ]
     assert reduced.names("loss") == others  # a third-party loss distribution, when one is installed, stays
     for kind in BUILT_INS:
         if kind != "loss":
@@ -195,14 +222,17 @@ def test_a_broken_entry_point_is_skipped_and_named_where_a_run_would_need_it(mon
 
 
 def test_blocking_kind_and_name_blocks_that_kind_only(local_plugin, monkeypatch):
-    module = local_plugin("dapo_advantage", """
+    module = local_plugin(
+        "dapo_advantage",
+        """
         import grpo_kit
         from grpo_kit_advantages.group import GroupAdvantage
 
         @grpo_kit.hookimpl
         def register_advantages(register):
             register("dapo", GroupAdvantage)
-    """)
+    """,
+    )
     monkeypatch.setenv("GRPO_KIT_DISABLE_PLUGINS", "loss:dapo")
     registry = Registry(plugin_manager(local_modules=[module]))
     assert "dapo" not in registry.names("loss") and "dapo" in registry.names("advantage")
@@ -213,8 +243,11 @@ def test_blocking_kind_and_name_blocks_that_kind_only(local_plugin, monkeypatch)
 
 def test_blocking_an_unknown_kind_is_named(monkeypatch):
     monkeypatch.setenv("GRPO_KIT_DISABLE_PLUGINS", "losses:dapo")
-    with pytest.raises(PluginError, match=r"GRPO_KIT_DISABLE_PLUGINS holds 'losses:dapo', which is neither NAME .* "
-                                          r"KIND:NAME with KIND one of loss, importance_sampling, "):
+    with pytest.raises(
+        PluginError,
+        match=r"GRPO_KIT_DISABLE_PLUGINS holds 'losses:dapo', which is neither NAME .* "
+        r"KIND:NAME with KIND one of loss, importance_sampling, ",
+    ):
         plugin_manager()
 
 
@@ -265,15 +298,21 @@ def hook_registry(local_plugin):
 
 
 def test_hook_method_without_hookimpl_fails_when_built(hook_registry):
-    with pytest.raises(PluginError, match=r"^The hook plugin 'unmarked' \(hook_plugins.Unmarked, from local module "
-                                          r"hook_plugins\) does not mark its method 'on_step_end' with "
-                                          r"@grpo_kit.hookimpl, so the run would never call it"):
+    with pytest.raises(
+        PluginError,
+        match=r"^The hook plugin 'unmarked' \(hook_plugins.Unmarked, from local module "
+        r"hook_plugins\) does not mark its method 'on_step_end' with "
+        r"@grpo_kit.hookimpl, so the run would never call it",
+    ):
         hook_registry.build("hook", "unmarked", {})
 
 
 def test_hook_method_that_is_no_hook_names_the_hooks(hook_registry):
-    with pytest.raises(PluginError, match=r"'misspelt' \(hook_plugins.Misspelt.*has a method 'on_step_ended', which is "
-                                          r"no grpo_kit hook: rename it to one of on_advantages, on_log, "):
+    with pytest.raises(
+        PluginError,
+        match=r"'misspelt' \(hook_plugins.Misspelt.*has a method 'on_step_ended', which is "
+        r"no grpo_kit hook: rename it to one of on_advantages, on_log, ",
+    ):
         hook_registry.build("hook", "misspelt", {})
     with pytest.raises(PluginError, match=r"'wrongarguments'.*does not fit grpo_kit's hooks: .*extra"):
         hook_registry.build("hook", "wrongarguments", {})
@@ -314,8 +353,24 @@ class TestNestedOptionsInTheConformanceKit(HookContract):
     options = {"window": Window(size=8)}
 
 
+def test_the_kit_registers_an_implementation_with_the_traits_its_registration_will_declare():
+    from grpo_kit_losses.configs import ClippedConfig
+    from grpo_kit_losses.dapo import DAPO
+
+    class NotInstalledYet(LossContract):
+        implementation = DAPO
+        config = ClippedConfig
+        traits = {"accumulation_invariant": True}
+
+    case = NotInstalledYet.contract_cases()[0]
+    assert case.plugin.traits["accumulation_invariant"] is True
+    assert case.registry.build("loss", case.name, ClippedConfig()).accumulation_invariant is True
+
+
 def test_a_config_field_called_name_is_refused(local_plugin):
-    module = local_plugin("named_field", """
+    module = local_plugin(
+        "named_field",
+        """
         from dataclasses import dataclass
         import grpo_kit
 
@@ -326,14 +381,20 @@ def test_a_config_field_called_name_is_refused(local_plugin):
         @grpo_kit.hookimpl
         def register_rewards(register):
             register("label", lambda **kwargs: [], LabelConfig)
-    """)
-    with pytest.raises(PluginError, match=r"reward plugin 'label' .*its config LabelConfig has a field `name`, which "
-                                          r"the core's `reward.name` \(the plugin's name\) would hide"):
+    """,
+    )
+    with pytest.raises(
+        PluginError,
+        match=r"reward plugin 'label' .*its config LabelConfig has a field `name`, which "
+        r"the core's `reward.name` \(the plugin's name\) would hide",
+    ):
         Registry(plugin_manager(local_modules=[module]))
 
 
 def test_a_class_without_a_config_is_built_without_one(local_plugin):
-    module = local_plugin("configless_hook", """
+    module = local_plugin(
+        "configless_hook",
+        """
         import grpo_kit
 
         class CountSteps:
@@ -344,6 +405,7 @@ def test_a_class_without_a_config_is_built_without_one(local_plugin):
         @grpo_kit.hookimpl
         def register_hooks(register):
             register("count_steps", CountSteps)
-    """)
+    """,
+    )
     built = Registry(plugin_manager(local_modules=[module])).build("hook", "count_steps", {})
     assert type(built).__name__ == "CountSteps"

@@ -42,11 +42,31 @@ def test_two_processes_on_two_halves_take_the_step_of_one_process_on_the_whole(s
 def torchrun_cli(tiny_model, run_dir, *overrides):
     """A short run of the tiny model as two processes (gloo), as `accelerate launch --multi_gpu` would start it."""
     command = [
-        sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29532",
-        "-m", "grpo_kit", "+reward=accuracy", f"model.name_or_path={tiny_model}", "data.num_examples=64",
-        "generation.num_generations=4", "trainer.per_device_train_batch_size=4", "trainer.learning_rate=1e-2",
-        "trainer.max_steps=4", "trainer.save_steps=2", "trainer.save_total_limit=5", "trainer.progress_bar=false",
-        "trainer.logging_steps=1", "algorithm.beta=0.04", "eval.split=test", "eval.num_examples=6", f"hydra.run.dir={run_dir}", *overrides,
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        "2",
+        "--master_port",
+        "29532",
+        "-m",
+        "grpo_kit",
+        "+reward=accuracy",
+        f"model.name_or_path={tiny_model}",
+        "data.num_examples=64",
+        "generation.num_generations=4",
+        "trainer.per_device_train_batch_size=4",
+        "trainer.learning_rate=1e-2",
+        "trainer.max_steps=4",
+        "trainer.save_steps=2",
+        "trainer.save_total_limit=5",
+        "trainer.progress_bar=false",
+        "trainer.logging_steps=1",
+        "algorithm.beta=0.04",
+        "eval.split=test",
+        "eval.num_examples=6",
+        f"hydra.run.dir={run_dir}",
+        *overrides,
     ]
     return run(command, run_dir)
 

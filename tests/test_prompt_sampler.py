@@ -18,4 +18,6 @@ def test_shuffled_prompts_cover_the_dataset_once_per_epoch():
     dataset = datasets.Dataset.from_list([{"prompt": f"{index}+1="} for index in range(6)])
     sampler = PromptSampler(dataset, seed=0, shuffle=True)
     first, second = sampler.draw(6), sampler.draw(6)
-    assert sorted(row["prompt"] for row in first) == sorted(row["prompt"] for row in second) == sorted(dataset["prompt"])
+    assert (
+        sorted(row["prompt"] for row in first) == sorted(row["prompt"] for row in second) == sorted(dataset["prompt"])
+    )

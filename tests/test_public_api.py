@@ -7,12 +7,23 @@ from pathlib import Path
 import grpo_kit
 
 ROOT = Path(__file__).resolve().parent.parent
+# The packages whose every module is public: the contract a plugin is written against, and the kit it is tested with.
+PUBLIC_PACKAGES = ("grpo_kit.contract", "grpo_kit.testing")
 # docs/plugins/README.md, "What a plugin may import", names each of these.
 PUBLIC_MODULES = {
-    "grpo_kit", "grpo_kit.contract.kinds", "grpo_kit.contract.errors", "grpo_kit.contract.reductions", "grpo_kit.contract.advantages", "grpo_kit.model.lora",
-    "grpo_kit.testing",
+    "grpo_kit",
+    *PUBLIC_PACKAGES,
+    *(
+        f"{package}.{path.stem}"
+        for package in PUBLIC_PACKAGES
+        for path in (ROOT / package.replace(".", "/")).glob("*.py")
+        if path.stem != "__init__"
+    ),
 }
-PLUGIN_SOURCES = [*ROOT.glob("plugins/grpo_kit_*/grpo_kit_*/**/*.py"), *ROOT.glob("docs/plugins/example/grpo_kit_*/**/*.py")]
+PLUGIN_SOURCES = [
+    *ROOT.glob("plugins/grpo_kit_*/grpo_kit_*/**/*.py"),
+    *ROOT.glob("docs/plugins/example/grpo_kit_*/**/*.py"),
+]
 
 
 def grpo_kit_imports(path: Path) -> set[str]:
@@ -32,7 +43,7 @@ def test_plugins_import_only_the_public_api():
         f"{path.relative_to(ROOT)}: {module}"
         for path in PLUGIN_SOURCES
         for module in grpo_kit_imports(path)
-        if module not in PUBLIC_MODULES and not module.startswith("grpo_kit.testing.")
+        if module not in PUBLIC_MODULES
     }
     assert private == set(), "a plugin needs this: make it public API and add it to docs/plugins/README.md"
 
@@ -43,7 +54,27 @@ def test_the_plugin_guide_names_every_public_module():
 
 
 def test_what_hooks_and_plugins_are_handed_is_importable_from_grpo_kit():
-    for name in ("hookimpl", "Loss", "ImportanceSampling", "RolloutCorrection", "Advantage", "Generation",
-                 "Environment", "CustomRollout", "Reward", "GenerationConfig", "RewardConfig", "Completions", "LossInputs",
-                 "Reduction", "RolloutResult", "ConfigError", "Run", "ScoredBatch", "eos_token_ids", "eos_mask", "is_truncated"):
+    for name in (
+        "hookimpl",
+        "Loss",
+        "ImportanceSampling",
+        "RolloutCorrection",
+        "Advantage",
+        "Generation",
+        "Environment",
+        "CustomRollout",
+        "Reward",
+        "GenerationConfig",
+        "RewardConfig",
+        "Completions",
+        "LossInputs",
+        "Reduction",
+        "RolloutResult",
+        "ConfigError",
+        "Run",
+        "ScoredBatch",
+        "eos_token_ids",
+        "eos_mask",
+        "is_truncated",
+    ):
         assert name in grpo_kit.__all__ and getattr(grpo_kit, name) is not None

@@ -11,7 +11,9 @@ from grpo_kit.rollout.replay import RolloutReplay
 
 @pytest.fixture
 def registry(local_plugin):
-    module = local_plugin("length_reward", """
+    module = local_plugin(
+        "length_reward",
+        """
         import grpo_kit
 
         def length(prompts, completions, completion_ids, **columns):
@@ -20,17 +22,25 @@ def registry(local_plugin):
         @grpo_kit.hookimpl
         def register_rewards(register):
             register("length", length)
-    """)
+    """,
+    )
     return Registry(plugin_manager(local_modules=[module]))
 
 
 def run(registry, tiny_model, directory, *overrides):
     cfg = grpo_kit.compose(
         [
-            "+reward=length", f"model.name_or_path={tiny_model}", "generation.num_generations=4",
-            "generation.max_completion_length=6", "trainer.per_device_train_batch_size=8", "trainer.max_steps=3",
-            "trainer.learning_rate=1e-2", "trainer.progress_bar=false", "trainer.save_model=false",
-            "rollouts.save=true", *overrides,
+            "+reward=length",
+            f"model.name_or_path={tiny_model}",
+            "generation.num_generations=4",
+            "generation.max_completion_length=6",
+            "trainer.per_device_train_batch_size=8",
+            "trainer.max_steps=3",
+            "trainer.learning_rate=1e-2",
+            "trainer.progress_bar=false",
+            "trainer.save_model=false",
+            "rollouts.save=true",
+            *overrides,
         ],
         registry,
     )

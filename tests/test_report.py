@@ -147,8 +147,15 @@ def test_report_md_and_figures(sweep):
     written = write_report(sweep)
     names = [path.name for path in written]
     assert names[:3] == ["report.md", "runs.csv", "variants.csv"]
-    figures = {"final_reward.png", "reward.png", "eval_reward.png", "completion_length.png", "kl.png", "entropy.png",
-               "clip_ratio.png"}
+    figures = {
+        "final_reward.png",
+        "reward.png",
+        "eval_reward.png",
+        "completion_length.png",
+        "kl.png",
+        "entropy.png",
+        "clip_ratio.png",
+    }
     assert set(names[3:]) == figures
     for name in figures:
         data = (sweep / name).read_bytes()
@@ -168,8 +175,11 @@ def test_clip_figure_takes_each_losss_own_clip_ratio(sweep):
     variants, _ = group_variants(find_runs(sweep))
     clip = next(figure for figure in FIGURES if figure.filename == "clip_ratio.png")
     metrics = {variant.label: _curve(variant, clip.metrics).metric for variant in variants}
-    assert metrics == {"+loss=grpo": "clip_ratio/region_mean", "+loss=dapo": "clip_ratio/region_mean",
-                       "+loss=cispo": "cispo_clip_ratio"}
+    assert metrics == {
+        "+loss=grpo": "clip_ratio/region_mean",
+        "+loss=dapo": "clip_ratio/region_mean",
+        "+loss=cispo": "cispo_clip_ratio",
+    }
 
 
 def step_figures(figures):
@@ -197,7 +207,9 @@ def test_sparse_curves_have_markers_and_every_figure_says_how_many_seeds(sweep):
     final = figures.drawn["final_reward.png"].axes[0]
     assert "1-2 seeds per variant" in final.get_title(loc="left")  # only completed runs have a final reward
     assert [label.get_text() for label in final.get_yticklabels()] == [
-        "+loss=cispo  (n=1)", "+loss=grpo  (n=2)", "+loss=dapo  (n=2)"
+        "+loss=cispo  (n=1)",
+        "+loss=grpo  (n=2)",
+        "+loss=dapo  (n=2)",
     ]
 
 

@@ -132,14 +132,20 @@ def test_report_section_means_over_seeds_of_step_averages(sweep):
 
 def test_paired_figures(sweep):
     names = [path.name for path in write_report(sweep, baseline="loss=grpo")]
-    paired = {"paired_loss.png", "paired_entropy.png", "paired_grad_norm.png", "paired_clip_ratio_region_mean.png",
-              "paired_eval_reward.png"}
+    paired = {
+        "paired_loss.png",
+        "paired_entropy.png",
+        "paired_grad_norm.png",
+        "paired_clip_ratio_region_mean.png",
+        "paired_eval_reward.png",
+    }
     assert paired <= set(names) and "paired.csv" in names
     for name in paired:
         assert (sweep / name).read_bytes().startswith(PNG_SIGNATURE), name
-    assert "![clip_ratio/region_mean: difference vs the baseline](paired_clip_ratio_region_mean.png)" in (
-        sweep / "report.md"
-    ).read_text()
+    assert (
+        "![clip_ratio/region_mean: difference vs the baseline](paired_clip_ratio_region_mean.png)"
+        in (sweep / "report.md").read_text()
+    )
 
 
 def test_paired_figures_tick_whole_steps_mark_their_points_and_say_how_many_seeds(sweep):
@@ -189,8 +195,10 @@ def test_a_reward_that_differs_under_replay_is_flagged(tmp_path):
     report = (sweep / "report.md").read_text()
     assert "**Reward differs under replay**" in report
     first = reward(1, 1)
-    assert f"`+loss=dapo` seed 1: reward differs from the baseline's at 8 of 8 steps (first at step 1: " \
-           f"{first + 0.5:.6g} vs {first:.6g})" in report
+    assert (
+        f"`+loss=dapo` seed 1: reward differs from the baseline's at 8 of 8 steps (first at step 1: "
+        f"{first + 0.5:.6g} vs {first:.6g})" in report
+    )
     assert "Reward is the same" not in report
 
 

@@ -46,11 +46,23 @@ REWARD = textwrap.dedent("""
 
 def command(tiny_model, run_dir, *extra, reward="digits"):
     return [
-        sys.executable, "-m", "grpo_kit", f"+reward={reward}", f"model.name_or_path={tiny_model}",
-        "generation.num_generations=4", "trainer.per_device_train_batch_size=8", "trainer.max_steps=8",
-        "trainer.learning_rate=1e-2", "trainer.progress_bar=false", "trainer.save_steps=1", "trainer.logging_steps=1",
-        "algorithm.steps_per_generation=2", "algorithm.num_iterations=2",  # pending batches cross step boundaries
-        "trainer.resume=auto", f"hydra.run.dir={run_dir}", *extra,
+        sys.executable,
+        "-m",
+        "grpo_kit",
+        f"+reward={reward}",
+        f"model.name_or_path={tiny_model}",
+        "generation.num_generations=4",
+        "trainer.per_device_train_batch_size=8",
+        "trainer.max_steps=8",
+        "trainer.learning_rate=1e-2",
+        "trainer.progress_bar=false",
+        "trainer.save_steps=1",
+        "trainer.logging_steps=1",
+        "algorithm.steps_per_generation=2",
+        "algorithm.num_iterations=2",  # pending batches cross step boundaries
+        "trainer.resume=auto",
+        f"hydra.run.dir={run_dir}",
+        *extra,
     ]
 
 
@@ -58,7 +70,10 @@ def command(tiny_model, run_dir, *extra, reward="digits"):
 def env(tmp_path):
     (tmp_path / "digits_reward.py").write_text(REWARD)
     return {
-        **os.environ, "PYTHONPATH": str(tmp_path), "GRPO_KIT_PLUGINS": "digits_reward", "OMP_NUM_THREADS": "1",
+        **os.environ,
+        "PYTHONPATH": str(tmp_path),
+        "GRPO_KIT_PLUGINS": "digits_reward",
+        "OMP_NUM_THREADS": "1",
         "MARKER": str(tmp_path / "marker"),  # written by a reward once it holds the run up
     }
 
@@ -100,8 +115,10 @@ class ChildRun:
     def fail(self, reason):
         self.process.kill()
         self.process.wait()
-        pytest.fail(f"{reason}.\n--- its stdout ---\n{self.stdout.read_text()}\n--- its stderr ---\n"
-                    f"{self.stderr.read_text()}", pytrace=False)
+        pytest.fail(
+            f"{reason}.\n--- its stdout ---\n{self.stdout.read_text()}\n--- its stderr ---\n{self.stderr.read_text()}",
+            pytrace=False,
+        )
 
 
 ONE_BATCH_A_STEP = ("algorithm.steps_per_generation=1", "algorithm.num_iterations=1")
@@ -122,17 +139,25 @@ def test_killed_and_resumed_run_ends_bit_for_bit_like_an_unbroken_one(tiny_model
     extra = {
         "default": (),
         "moving-reference": (
-            "algorithm.beta=0.04", "algorithm.sync_ref_model=true", "algorithm.ref_model_sync_steps=2",
+            "algorithm.beta=0.04",
+            "algorithm.sync_ref_model=true",
+            "algorithm.ref_model_sync_steps=2",
             *ONE_BATCH_A_STEP,
         ),
         "replay": (f"rollouts.replay={tmp_path / 'recorded'}", "rollouts.save=true", *ONE_BATCH_A_STEP),
     }[setting]
     if setting == "replay":
-        subprocess.run(command(tiny_model, tmp_path / "recorded", "rollouts.save=true", *ONE_BATCH_A_STEP), env=env,
-                       check=True, capture_output=True, timeout=CHILD_TIMEOUT_S)
+        subprocess.run(
+            command(tiny_model, tmp_path / "recorded", "rollouts.save=true", *ONE_BATCH_A_STEP),
+            env=env,
+            check=True,
+            capture_output=True,
+            timeout=CHILD_TIMEOUT_S,
+        )
     unbroken, broken = tmp_path / "unbroken", tmp_path / "broken"
-    subprocess.run(command(tiny_model, unbroken, *extra), env=env, check=True, capture_output=True,
-                   timeout=CHILD_TIMEOUT_S)
+    subprocess.run(
+        command(tiny_model, unbroken, *extra), env=env, check=True, capture_output=True, timeout=CHILD_TIMEOUT_S
+    )
 
     kill_after = random.randint(1, 6)
     child = ChildRun(command(tiny_model, broken, *extra), env, broken)
@@ -141,8 +166,9 @@ def test_killed_and_resumed_run_ends_bit_for_bit_like_an_unbroken_one(tiny_model
     child.finish()
     assert not (broken / "model").exists(), "the run finished before it could be killed"
 
-    subprocess.run(command(tiny_model, broken, *extra), env=env, check=True, capture_output=True,
-                   timeout=CHILD_TIMEOUT_S)
+    subprocess.run(
+        command(tiny_model, broken, *extra), env=env, check=True, capture_output=True, timeout=CHILD_TIMEOUT_S
+    )
     ours, theirs = weights(broken), weights(unbroken)
     assert ours.keys() == theirs.keys()
     assert all(torch.equal(ours[name], theirs[name]) for name in ours), f"differs after a kill at step {kill_after}"
@@ -171,8 +197,14 @@ def test_sigterm_finishes_the_step_saves_and_stops(tiny_model, tmp_path, env):
 
 def test_a_second_sigint_stops_at_once_without_saving(tiny_model, tmp_path, env):
     run_dir = tmp_path / "run"
-    args = command(tiny_model, run_dir, "trainer.max_steps=1000", "trainer.reward_timeout=3600", *ONE_BATCH_A_STEP,
-                   reward="stuck_from_step_3")
+    args = command(
+        tiny_model,
+        run_dir,
+        "trainer.max_steps=1000",
+        "trainer.reward_timeout=3600",
+        *ONE_BATCH_A_STEP,
+        reward="stuck_from_step_3",
+    )
     child = ChildRun(args, env, run_dir)
     child.wait_for(tmp_path / "marker")  # step 3's reward holds the step up for an hour
     child.process.send_signal(signal.SIGINT)
@@ -188,9 +220,18 @@ def test_a_signal_during_evaluation_abandons_it_saves_and_stops(tiny_model, tmp_
     eval_file = tmp_path / "eval.jsonl"
     eval_file.write_text("".join(json.dumps({"prompt": f"EVAL {a}+1="}) + "\n" for a in range(30)))
     run_dir = tmp_path / "run"
-    args = command(tiny_model, run_dir, "trainer.max_steps=1000", f"eval.path={eval_file}", "eval.steps=2",
-                   "eval.on_start=false", "eval.batch_size=1", "eval.num_generations=2", *ONE_BATCH_A_STEP,
-                   reward="slow_on_eval_prompts")
+    args = command(
+        tiny_model,
+        run_dir,
+        "trainer.max_steps=1000",
+        f"eval.path={eval_file}",
+        "eval.steps=2",
+        "eval.on_start=false",
+        "eval.batch_size=1",
+        "eval.num_generations=2",
+        *ONE_BATCH_A_STEP,
+        reward="slow_on_eval_prompts",
+    )
     child = ChildRun(args, env, run_dir)
     child.wait_for(tmp_path / "marker")  # step 2's evaluation began: 30 batches of 2 s each
     signalled = time.monotonic()
@@ -208,15 +249,25 @@ def test_resuming_with_changed_settings_is_refused_with_the_differences(registry
     import grpo_kit
     from grpo_kit.contract.errors import ConfigError
 
-    base = ["+loss=dapo", "+reward=accuracy", f"model.name_or_path={tiny_model}", "generation.num_generations=4",
-            "trainer.per_device_train_batch_size=8", "trainer.max_steps=2", "trainer.progress_bar=false",
-            "trainer.logging_steps=1"]
+    base = [
+        "+loss=dapo",
+        "+reward=accuracy",
+        f"model.name_or_path={tiny_model}",
+        "generation.num_generations=4",
+        "trainer.per_device_train_batch_size=8",
+        "trainer.max_steps=2",
+        "trainer.progress_bar=false",
+        "trainer.logging_steps=1",
+    ]
     grpo_kit.train(grpo_kit.compose(base, registry), tmp_path, registry)
     changed = grpo_kit.compose([*base, "trainer.resume=auto", "trainer.max_steps=3", "loss.epsilon=0.3"], registry)
-    with pytest.raises(ConfigError, match=r"loss.epsilon: 0.2 -> 0.3\n.*trainer.max_steps: 2 -> 3 .*\n.*trainer.resume_force=true"):
+    with pytest.raises(
+        ConfigError, match=r"loss.epsilon: 0.2 -> 0.3\n.*trainer.max_steps: 2 -> 3 .*\n.*trainer.resume_force=true"
+    ):
         grpo_kit.train(changed, tmp_path, registry)
-    forced = grpo_kit.compose([*base, "trainer.resume=auto", "trainer.max_steps=3", "loss.epsilon=0.3",
-                               "trainer.resume_force=true"], registry)
+    forced = grpo_kit.compose(
+        [*base, "trainer.resume=auto", "trainer.max_steps=3", "loss.epsilon=0.3", "trainer.resume_force=true"], registry
+    )
     grpo_kit.train(forced, tmp_path, registry)
     assert len((tmp_path / "metrics.jsonl").read_text().splitlines()) == 3
     lock = json.loads((tmp_path / "plugins.lock.json").read_text())

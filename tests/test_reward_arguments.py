@@ -44,9 +44,15 @@ async def async_reward(prompts, completions, completion_ids, trainer_state, log_
 def test_rewards_get_trls_keyword_arguments_and_their_logs_as_trl_collects_them(trl):
     state = TrainerState(global_step=4, max_steps=10)
     trainer = types.SimpleNamespace(
-        reward_funcs=[logging_reward], reward_func_names=["logging"], reward_processing_classes=[None],
-        accelerator=Accelerator(cpu=True), args=types.SimpleNamespace(report_to=[]), state=state, environments=None,
-        _pending_extra_logs=defaultdict(list), _pending_metrics=defaultdict(list),
+        reward_funcs=[logging_reward],
+        reward_func_names=["logging"],
+        reward_processing_classes=[None],
+        accelerator=Accelerator(cpu=True),
+        args=types.SimpleNamespace(report_to=[]),
+        state=state,
+        environments=None,
+        _pending_extra_logs=defaultdict(list),
+        _pending_metrics=defaultdict(list),
     )
     trainer._log_completion_extra = types.MethodType(trl.GRPOTrainer._log_completion_extra, trainer)
     trainer._log_metric = types.MethodType(trl.GRPOTrainer._log_metric, trainer)
@@ -83,7 +89,10 @@ def test_a_column_that_is_not_one_value_per_completion_stops_the_run():
 
 
 def test_rewards_in_worker_processes_get_the_state_but_cannot_log(local_plugin):
-    module = __import__(local_plugin("heavy_rewards", """
+    module = __import__(
+        local_plugin(
+            "heavy_rewards",
+            """
         def step(prompts, completions, completion_ids, trainer_state, **columns):
             return [float(trainer_state.global_step)] * len(completions)
         step.cpu_heavy = True
@@ -91,7 +100,9 @@ def test_rewards_in_worker_processes_get_the_state_but_cannot_log(local_plugin):
         def logs(prompts, completions, completion_ids, log_metric, **columns):
             return [0.0] * len(completions)
         logs.cpu_heavy = True
-    """))
+    """,
+        )
+    )
     state = reward_trainer_state(max_steps=5, epochs=1.0)
     at_step(state, 3)
     with Scorer({"step": module.step}, workers=1, trainer_state=state) as scorer:
@@ -103,7 +114,9 @@ def test_rewards_in_worker_processes_get_the_state_but_cannot_log(local_plugin):
 
 
 def test_a_run_logs_the_rewards_metric_and_column(local_plugin, tiny_model, tmp_path):
-    module = local_plugin("stepwise_reward", """
+    module = local_plugin(
+        "stepwise_reward",
+        """
         import grpo_kit
 
         def stepwise(prompts, completions, completion_ids, trainer_state, log_extra, log_metric, **columns):
@@ -115,7 +128,8 @@ def test_a_run_logs_the_rewards_metric_and_column(local_plugin, tiny_model, tmp_
         @grpo_kit.hookimpl
         def register_rewards(register):
             register("stepwise", stepwise)
-    """)
+    """,
+    )
     registry = Registry(plugin_manager(local_modules=[module]))
     cfg = grpo_kit.compose(tiny_run(tiny_model, "+reward=stepwise", "trainer.sample_every=1"), registry)
     run_dir = grpo_kit.train(cfg, tmp_path / "run", registry)

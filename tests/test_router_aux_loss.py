@@ -14,10 +14,10 @@ from transformers import AutoModelForCausalLM
 
 import grpo_kit
 from grpo_kit.contract.errors import ConfigError
-from grpo_kit.model.loading import length_groups
+from grpo_kit.model.fast.length_groups import length_groups
 from grpo_kit.objective.policy_loss import PolicyLoss, build_policy_loss
 from grpo_kit.testing import tiny_run
-from grpo_kit.testing.micro_batches import loss_and_gradients, random_micro_batch
+from grpo_kit.testing.micro_batches import half_a_generation_batch, loss_and_gradients, random_micro_batch
 from grpo_kit.testing.models import MIXTURES_OF_EXPERTS, build_tiny_moe_model
 
 ACCUMULATION, LENGTH, TEMPERATURE = 2, 12, 0.9
@@ -29,25 +29,37 @@ def moe_model(request, tmp_path_factory):
 
 
 def micro_batch(model):
-    """Rows of very different lengths, so that the policy's pass runs as two (grpo_kit/model/loading.py), and a
-    left-padded prompt, so that rows are moved: the loss must still be one masked pass's."""
+    """Rows of very different lengths, so that the policy's pass runs as two (grpo_kit/model/fast/length_groups.py),
+    and a left-padded prompt, so that rows are moved: the loss must still be one masked pass's."""
     batch = random_micro_batch(model.config.vocab_size, batch_size=8, length=LENGTH, seed=3)
     batch["completion_mask"][4:, 3:] = 0
-    batch["num_items_in_batch"] = batch["completion_mask"].sum() * 2
     assert len(length_groups(batch["completion_mask"], batch["prompt_ids"].shape[1])) == 2
     return batch
 
 
-def trl_loss_and_gradients(trl, model, batch, coef):
-    """TRL's `_compute_loss` with its own forward pass (`add_fused_lm_head`) on a copy of `model`."""
+def trl_loss_and_gradients(trl, model, batch, reduction, coef):
+    """TRL's `_compute_loss` with its own forward pass (`add_fused_lm_head`) on a copy of `model`; TRL reads the
+    generation batch's token count from the batch."""
+    batch = batch | {"num_items_in_batch": torch.tensor(reduction.num_items_in_batch)}
     model = copy.deepcopy(model)
     trl.trainer.utils.add_fused_lm_head(model, temperature=TEMPERATURE, outputs=("log_probs", "entropy"))
     trainer = types.SimpleNamespace(
         args=types.SimpleNamespace(steps_per_generation=ACCUMULATION, delta=None, use_bias_correction_kl=True),
-        loss_type="dapo", epsilon_low=0.2, epsilon_high=0.28, beta=0.0, importance_sampling_level="token",
-        top_entropy_quantile=1.0, off_policy_mask_threshold=None, _entropy_bonus_enabled=False, use_vllm=False,
-        aux_loss_enabled=True, router_aux_loss_coef=coef, current_gradient_accumulation_steps=ACCUMULATION,
-        model=types.SimpleNamespace(training=True), accelerator=Accelerator(cpu=True), temperature=TEMPERATURE,
+        loss_type="dapo",
+        epsilon_low=0.2,
+        epsilon_high=0.28,
+        beta=0.0,
+        importance_sampling_level="token",
+        top_entropy_quantile=1.0,
+        off_policy_mask_threshold=None,
+        _entropy_bonus_enabled=False,
+        use_vllm=False,
+        aux_loss_enabled=True,
+        router_aux_loss_coef=coef,
+        current_gradient_accumulation_steps=ACCUMULATION,
+        model=types.SimpleNamespace(training=True),
+        accelerator=Accelerator(cpu=True),
+        temperature=TEMPERATURE,
         _metrics=defaultdict(lambda: defaultdict(list)),
     )
     trainer._get_per_token_logps_and_entropies = types.MethodType(
@@ -70,11 +82,10 @@ def test_loss_gradient_and_logged_aux_loss_equal_trl(registry, trl, moe_model):
     model = AutoModelForCausalLM.from_pretrained(moe_model)
     batch = micro_batch(model)
     coef = 0.3  # large, so that a wrong aux loss shows in the loss and the gradient
-    loss, grads, metrics = loss_and_gradients(
-        policy_loss_for(registry, model, coef), model, batch, gradient_accumulation_steps=ACCUMULATION,
-        steps_per_generation=ACCUMULATION,
-    )
-    expected, expected_grads, logged = trl_loss_and_gradients(trl, model, batch, coef)
+    policy_loss = policy_loss_for(registry, model, coef)
+    reduction = half_a_generation_batch(batch, policy_loss.objective.max_completion_length, ACCUMULATION, ACCUMULATION)
+    loss, grads, metrics = loss_and_gradients(policy_loss, model, batch, reduction)
+    expected, expected_grads, logged = trl_loss_and_gradients(trl, model, batch, reduction, coef)
     torch.testing.assert_close(metrics["aux_loss"].item(), logged[0], atol=1e-6, rtol=1e-6)
     torch.testing.assert_close(loss, expected, atol=1e-6, rtol=1e-6)
     assert grads.keys() == expected_grads.keys()
@@ -82,10 +93,7 @@ def test_loss_gradient_and_logged_aux_loss_equal_trl(registry, trl, moe_model):
         torch.testing.assert_close(grad, expected_grads[name], atol=1e-6, rtol=1e-5, msg=name)
     routers = [name for name in grads if name.endswith("mlp.gate.weight")]
     assert routers
-    without, no_aux_grads, _ = loss_and_gradients(
-        policy_loss_for(registry, model, 0.0), model, batch, gradient_accumulation_steps=ACCUMULATION,
-        steps_per_generation=ACCUMULATION,
-    )
+    without, no_aux_grads, _ = loss_and_gradients(policy_loss_for(registry, model, 0.0), model, batch, reduction)
     assert abs(loss - without - coef * metrics["aux_loss"] / ACCUMULATION) < 1e-6
     assert all((grads[name] - no_aux_grads[name]).abs().max() > 1e-4 for name in routers)  # they learn from it
 
@@ -96,11 +104,11 @@ def test_chunked_and_liger_paths_add_the_same_aux_loss(registry, tmp_path, logit
         pytest.skip("liger-kernel is not installed (the liger extra)")
     model = AutoModelForCausalLM.from_pretrained(build_tiny_moe_model(tmp_path))
     batch = micro_batch(model)
-    reduction = dict(gradient_accumulation_steps=ACCUMULATION, steps_per_generation=ACCUMULATION)
     plain = policy_loss_for(registry, model, 0.3)
     other = policy_loss_for(registry, model, 0.3, logits=logits, chunk_size=7)
-    expected, expected_grads, expected_metrics = loss_and_gradients(plain, model, batch, **reduction)
-    loss, grads, metrics = loss_and_gradients(other, model, batch, **reduction)
+    reduction = half_a_generation_batch(batch, plain.objective.max_completion_length, ACCUMULATION, ACCUMULATION)
+    expected, expected_grads, expected_metrics = loss_and_gradients(plain, model, batch, reduction)
+    loss, grads, metrics = loss_and_gradients(other, model, batch, reduction)
     assert other.last_path == logits
     torch.testing.assert_close(loss, expected, atol=1e-5, rtol=0)
     torch.testing.assert_close(metrics["aux_loss"], expected_metrics["aux_loss"], atol=1e-6, rtol=0)

@@ -37,15 +37,21 @@ def trained_steps(run_dir):
 
 def test_a_run_that_failed_before_its_first_step_leaves_its_directory_usable(broken_registry, tiny_model, tmp_path):
     with pytest.raises(RewardError):
-        grpo_kit.train(grpo_kit.compose(tiny_run(tiny_model, "+reward=broken"), broken_registry), tmp_path, broken_registry)
+        grpo_kit.train(
+            grpo_kit.compose(tiny_run(tiny_model, "+reward=broken"), broken_registry), tmp_path, broken_registry
+        )
     assert (tmp_path / "metrics.jsonl").read_text() == ""
 
-    grpo_kit.train(grpo_kit.compose(tiny_run(tiny_model, "+reward=accuracy"), broken_registry), tmp_path, broken_registry)
+    grpo_kit.train(
+        grpo_kit.compose(tiny_run(tiny_model, "+reward=accuracy"), broken_registry), tmp_path, broken_registry
+    )
     assert trained_steps(tmp_path) == [1, 2, 3]
 
 
 def test_resume_auto_without_a_checkpoint_starts_from_step_0_and_says_so(registry, tiny_model, tmp_path, caplog):
-    cfg = grpo_kit.compose(tiny_run(tiny_model, "+reward=accuracy", "trainer.resume=auto", "trainer.max_steps=1"), registry)
+    cfg = grpo_kit.compose(
+        tiny_run(tiny_model, "+reward=accuracy", "trainer.resume=auto", "trainer.max_steps=1"), registry
+    )
     with caplog.at_level(logging.INFO, logger="grpo_kit"):
         grpo_kit.train(cfg, tmp_path, registry)
     assert f"No checkpoint in {tmp_path}: starting from step 0" in caplog.text
@@ -85,8 +91,13 @@ def test_a_longer_resumed_run_is_refused_when_its_schedule_depends_on_the_length
 
 
 def cli(run_dir, tiny_model, env, *overrides):
-    command = [sys.executable, "-m", "grpo_kit", *tiny_run(tiny_model, "trainer.max_steps=1", *overrides),
-               f"hydra.run.dir={run_dir}"]
+    command = [
+        sys.executable,
+        "-m",
+        "grpo_kit",
+        *tiny_run(tiny_model, "trainer.max_steps=1", *overrides),
+        f"hydra.run.dir={run_dir}",
+    ]
     return subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
 
 
@@ -145,8 +156,11 @@ def test_a_run_that_fails_early_reports_its_own_error_and_leaves_the_next_run_cl
 
     registry = Registry(plugin_manager(local_modules=[local_plugin("fails_at_start", FAILING_START)]))
     with pytest.raises(RuntimeError, match="the real error"):
-        grpo_kit.train(grpo_kit.compose(tiny_run(tiny_model, "+reward=accuracy", "+hook=fails_at_start"), registry),
-                       tmp_path / "failed", registry)
+        grpo_kit.train(
+            grpo_kit.compose(tiny_run(tiny_model, "+reward=accuracy", "+hook=fails_at_start"), registry),
+            tmp_path / "failed",
+            registry,
+        )
     grpo_kit.train(grpo_kit.compose(tiny_run(tiny_model, "+reward=accuracy"), registry), tmp_path / "next", registry)
     assert trained_steps(tmp_path / "next") == [1, 2, 3]  # one line a step: no logger of the failed run is left
 
@@ -154,10 +168,19 @@ def test_a_run_that_fails_early_reports_its_own_error_and_leaves_the_next_run_cl
 @pytest.mark.slow
 def test_in_a_sweep_a_run_that_fails_early_records_its_error_and_the_next_one_trains(tiny_model, tmp_path):
     sweep = tmp_path / "sweep"
-    command = [sys.executable, "-m", "grpo_kit", "-m", *tiny_run(tiny_model, "+reward=accuracy", "trainer.max_steps=2"),
-               "generation.temperature=0,1.0", f"hydra.sweep.dir={sweep}", "~hydra.callbacks.report"]
-    done = subprocess.run(command, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True,
-                          timeout=300)
+    command = [
+        sys.executable,
+        "-m",
+        "grpo_kit",
+        "-m",
+        *tiny_run(tiny_model, "+reward=accuracy", "trainer.max_steps=2"),
+        "generation.temperature=0,1.0",
+        f"hydra.sweep.dir={sweep}",
+        "~hydra.callbacks.report",
+    ]
+    done = subprocess.run(
+        command, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=300
+    )
     assert done.returncode == 1, done.stdout + done.stderr  # once the next run is done
     assert "generation.temperature=0.0" in (sweep / "0" / "error.txt").read_text()
     assert "UnboundLocalError" not in done.stdout + done.stderr

@@ -16,7 +16,8 @@ REWARDS = torch.tensor([[1.0, 0.5], [0.0, math.nan], [0.0, 0.5], [1.0, 0.5]])
 ADVANTAGES = torch.tensor([0.7071, -0.7071, -0.7071, 0.7071])
 MASK = torch.tensor([[1, 1, 0], [1, 0, 0], [1, 1, 1], [1, 1, 1]])  # the third ran into max_completion_length
 GENERATED = Completions(
-    completion_ids=torch.zeros(4, 3, dtype=torch.long), completion_mask=MASK,
+    completion_ids=torch.zeros(4, 3, dtype=torch.long),
+    completion_mask=MASK,
     is_truncated=torch.tensor([False, False, True, False]),
 )
 
@@ -106,7 +107,10 @@ def test_page_has_one_block_per_prompt_with_each_completions_length_and_truncati
     assert "2+2=" not in first_block
     assert '<tr class="truncated">' in second_block and '<td class="flag">yes</td>' in second_block
     assert [(row["completion_tokens"], row["truncated"]) for row in lines(tmp_path)] == [
-        (2, False), (1, False), (3, True), (3, False)
+        (2, False),
+        (1, False),
+        (3, True),
+        (3, False),
     ]
 
 

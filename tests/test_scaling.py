@@ -21,7 +21,7 @@ from safetensors.torch import load_file
 REPO = Path(__file__).resolve().parents[1]
 CONFIGS = REPO / "conf" / "accelerate"
 
-LAUNCHER = '''
+LAUNCHER = """
 import os, runpy, sys
 import accelerate, accelerate.state
 from accelerate.utils import DistributedType, InitProcessGroupKwargs
@@ -48,12 +48,12 @@ else:  # FSDP: accelerate's MULTI_CPU choice becomes FSDP, as it would on GPUs
 
 sys.argv[0] = "grpo_kit"
 runpy.run_module("grpo_kit", run_name="__main__", alter_sys=True)
-'''
+"""
 
-REWARD = '''
+REWARD = """
 def digits(prompts, completions, completion_ids, **columns):
     return [sum(c.isdigit() for c in text) / max(len(text), 1) for text in completions]
-'''
+"""
 
 # ZeRO-3 leaves parameters under 1e5 elements whole (stage3_param_persistence_threshold): all of the tiny model's.
 # This config splits every one, so that the gathers under test really happen.
@@ -74,9 +74,14 @@ ZERO3_SPLITTING_EVERYTHING = {
 # they are compared with do too, so that both draw the same completions.
 SAME_SAMPLER = "generation.loop=generate"
 SETTINGS = [
-    "algorithm.beta=0.04", "algorithm.sync_ref_model=true", "algorithm.ref_model_sync_steps=1",
-    "algorithm.ref_model_mixup_alpha=0.5", "trainer.gradient_accumulation_steps=2",
-    "trainer.per_device_train_batch_size=2", "trainer.max_grad_norm=0.05", SAME_SAMPLER,
+    "algorithm.beta=0.04",
+    "algorithm.sync_ref_model=true",
+    "algorithm.ref_model_sync_steps=1",
+    "algorithm.ref_model_mixup_alpha=0.5",
+    "trainer.gradient_accumulation_steps=2",
+    "trainer.per_device_train_batch_size=2",
+    "trainer.max_grad_norm=0.05",
+    SAME_SAMPLER,
     "model.logits=full",  # model=hf's chunked head cannot move a reference under FSDP2 (sharding.py)
 ]
 LORA = ["model.lora.enabled=true", "model.lora.r=4", "algorithm.beta=0.04", SAME_SAMPLER]
@@ -128,12 +133,25 @@ def harness(tmp_path_factory, tiny_model):
         else:
             env["ACCELERATE_USE_CPU"] = "1"
         command = [
-            sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(config_file),
-            "--main_process_port", str(free_port()), str(folder / "on_cpu.py"),
-            "+reward=python", "reward.python.function=scaling_reward:digits", f"model.name_or_path={tiny_model}",
-            "data.num_examples=64", "generation.num_generations=4", "trainer.per_device_train_batch_size=4",
-            "trainer.max_steps=3", "trainer.learning_rate=1e-2", "trainer.progress_bar=false",
-            f"hydra.run.dir={run_dir}", *overrides,
+            sys.executable,
+            "-m",
+            "accelerate.commands.launch",
+            "--config_file",
+            str(config_file),
+            "--main_process_port",
+            str(free_port()),
+            str(folder / "on_cpu.py"),
+            "+reward=python",
+            "reward.python.function=scaling_reward:digits",
+            f"model.name_or_path={tiny_model}",
+            "data.num_examples=64",
+            "generation.num_generations=4",
+            "trainer.per_device_train_batch_size=4",
+            "trainer.max_steps=3",
+            "trainer.learning_rate=1e-2",
+            "trainer.progress_bar=false",
+            f"hydra.run.dir={run_dir}",
+            *overrides,
         ]
         done = subprocess.run(command, env=env, cwd=REPO, capture_output=True, text=True, timeout=600)
         if fails:
@@ -157,8 +175,14 @@ def assert_same_weights(ours: dict, theirs: dict, atol: float) -> None:
 
 @pytest.fixture(scope="module")
 def ddp_run(harness, tmp_path_factory):
-    return harness("ddp", tmp_path_factory.mktemp("runs") / "ddp", *SETTINGS, "trainer.max_steps=4",
-                   "trainer.save_steps=2", "trainer.save_total_limit=5")
+    return harness(
+        "ddp",
+        tmp_path_factory.mktemp("runs") / "ddp",
+        *SETTINGS,
+        "trainer.max_steps=4",
+        "trainer.save_steps=2",
+        "trainer.save_total_limit=5",
+    )
 
 
 @pytest.mark.slow
@@ -177,8 +201,9 @@ def test_sharded_training_gives_the_weights_of_ddp_and_resumes_exactly(harness, 
     unbroken = harness(config, tmp_path / "unbroken", *checkpointed)
     assert_same_weights(weights(unbroken), weights(ddp_run), atol)
     assert (unbroken / "checkpoints" / "step-000002" / "accelerate").is_dir()  # accelerate's own parts
-    resumed = harness(config, tmp_path / "resumed", *checkpointed,
-                      f"trainer.resume={unbroken / 'checkpoints' / 'step-000002'}")
+    resumed = harness(
+        config, tmp_path / "resumed", *checkpointed, f"trainer.resume={unbroken / 'checkpoints' / 'step-000002'}"
+    )
     assert_same_weights(weights(resumed), weights(unbroken), atol=0)
 
 
@@ -207,12 +232,27 @@ def launch_on_gpus(config: str, run_dir: Path, tiny_model: Path, *overrides: str
     (run_dir.parent / "scaling_reward.py").write_text(REWARD)
     paths = [str(run_dir.parent), *filter(None, [os.environ.get("PYTHONPATH")])]
     command = [
-        sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(CONFIGS / f"{config}.yaml"),
-        "--main_process_port", str(free_port()), "-m", "grpo_kit",
-        "+reward=python", "reward.python.function=scaling_reward:digits", f"model.name_or_path={tiny_model}",
+        sys.executable,
+        "-m",
+        "accelerate.commands.launch",
+        "--config_file",
+        str(CONFIGS / f"{config}.yaml"),
+        "--main_process_port",
+        str(free_port()),
+        "-m",
+        "grpo_kit",
+        "+reward=python",
+        "reward.python.function=scaling_reward:digits",
+        f"model.name_or_path={tiny_model}",
         "data.num_examples=64",
-        "generation.num_generations=4", "trainer.max_steps=4", "trainer.save_steps=2", "trainer.save_total_limit=5",
-        "trainer.learning_rate=1e-2", "trainer.progress_bar=false", f"hydra.run.dir={run_dir}", *overrides,
+        "generation.num_generations=4",
+        "trainer.max_steps=4",
+        "trainer.save_steps=2",
+        "trainer.save_total_limit=5",
+        "trainer.learning_rate=1e-2",
+        "trainer.progress_bar=false",
+        f"hydra.run.dir={run_dir}",
+        *overrides,
     ]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(paths)}
     done = subprocess.run(command, env=env, cwd=run_dir.parent, capture_output=True, text=True, timeout=900)
@@ -228,8 +268,13 @@ def test_shipped_config_trains_resumes_and_saves_on_two_gpus(config, tiny_model,
         pytest.importorskip("deepspeed")
     settings = ["algorithm.beta=0.04", "trainer.gradient_accumulation_steps=2", "trainer.per_device_train_batch_size=4"]
     unbroken = launch_on_gpus(config, tmp_path / "unbroken", tiny_model, *settings)
-    resumed = launch_on_gpus(config, tmp_path / "resumed", tiny_model, *settings,
-                             f"trainer.resume={unbroken / 'checkpoints' / 'step-000002'}")
+    resumed = launch_on_gpus(
+        config,
+        tmp_path / "resumed",
+        tiny_model,
+        *settings,
+        f"trainer.resume={unbroken / 'checkpoints' / 'step-000002'}",
+    )
     assert_same_weights(weights(resumed), weights(unbroken), atol=0)
     # Sampling on GPUs may pick another token once the weights differ in the last bit, so only step 1 of the
     # DDP comparison is exact: one step from the same batch.

@@ -90,7 +90,9 @@ def test_async_rewards_share_one_event_loop_across_batches():
 
 
 def test_async_plugin_reward_bound_to_its_options(local_plugin):
-    module = local_plugin("async_scaled_reward", """
+    module = local_plugin(
+        "async_scaled_reward",
+        """
         import asyncio
         from dataclasses import dataclass
         import grpo_kit
@@ -106,7 +108,8 @@ def test_async_plugin_reward_bound_to_its_options(local_plugin):
         @grpo_kit.hookimpl
         def register_rewards(register):
             register("scaled", scaled, Options)
-    """)
+    """,
+    )
     reward = Registry(plugin_manager(local_modules=[module])).build("reward", "scaled", {"scale": 3.0})
     with Scorer({"scaled": reward}) as scorer:
         rewards, _ = score(scorer)

@@ -78,7 +78,7 @@ def test_all_losses_sweeps_every_loss_at_its_papers_level(registry):
     assert {path.stem for path in (CONF / "sweep" / "losses").glob("*.yaml")} == LOSSES
     for loss in axis:
         run = grpo_kit.compose(["+sweep=all_losses", f"+sweep/losses={loss}", "+reward=accuracy"], registry)
-        level = registry.get("loss", loss).implementation.importance_sampling_level or "token"
+        level = registry.get("loss", loss).traits["importance_sampling_level"] or "token"
         assert (run.loss.name, run.importance_sampling.name) == (loss, level)
 
 
@@ -94,7 +94,9 @@ def test_every_run_of_is_levels_x_corrections_composes(registry):
                 registry,
             )
             assert (run.loss.name, run.importance_sampling.name, run.rollout_correction.name) == (
-                "grpo", level, correction,
+                "grpo",
+                level,
+                correction,
             )
             assert run.algorithm.steps_per_generation == 4
 
@@ -135,9 +137,18 @@ def test_the_report_callback_is_a_hydra_callback():
 
 def sweep(tmp_path, *overrides) -> subprocess.CompletedProcess:
     command = [
-        sys.executable, "-m", "grpo_kit", "-m", "+reward=accuracy", "trainer.max_steps=3", "trainer.save_model=false",
-        "trainer.progress_bar=false", "trainer.sample_every=0", f"hydra.sweep.dir={tmp_path / 'sweep'}",
-        REPORT_CALLBACK, *overrides,
+        sys.executable,
+        "-m",
+        "grpo_kit",
+        "-m",
+        "+reward=accuracy",
+        "trainer.max_steps=3",
+        "trainer.save_model=false",
+        "trainer.progress_bar=false",
+        "trainer.sample_every=0",
+        f"hydra.sweep.dir={tmp_path / 'sweep'}",
+        REPORT_CALLBACK,
+        *overrides,
     ]
     return subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=600, check=False)
 

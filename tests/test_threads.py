@@ -1,4 +1,5 @@
-"""Runs that share a machine share its cores: torch's thread count (grpo_kit/model/threads.py) and that a run uses it."""
+"""Runs that share a machine share its cores: torch's thread count (grpo_kit/model/threads.py) and that a run uses
+it."""
 
 import os
 import sys
@@ -69,8 +70,13 @@ def test_a_run_computes_with_the_threads_it_is_given(tiny_model, tmp_path, threa
     before = torch.get_num_threads()
     ThreadsSeen.seen.clear()
     cfg = grpo_kit.compose(
-        tiny_run(tiny_model, "trainer.max_steps=1", f"trainer.torch_threads={threads}", "+reward=accuracy",
-                 "+hook=threads_seen"),
+        tiny_run(
+            tiny_model,
+            "trainer.max_steps=1",
+            f"trainer.torch_threads={threads}",
+            "+reward=accuracy",
+            "+hook=threads_seen",
+        ),
         registry=registry,
     )
     try:

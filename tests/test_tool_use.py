@@ -12,7 +12,6 @@ from accelerate import Accelerator
 import grpo_kit
 from grpo_kit.contract.kinds import Completions
 from grpo_kit.embedded.tool_use import build_tokenizer
-from grpo_kit.objective.objective import loss_mask
 from grpo_kit.rollout.tool_use import ToolUse
 from grpo_kit.testing import tiny_run
 from grpo_kit.testing.models import build_tiny_model
@@ -96,8 +95,15 @@ def rows(*questions: str) -> list[dict]:
 
 def tool_use(tools=(), environment=None, max_completion_length=128, max_iterations=None, timeout=5.0, policy=None):
     return ToolUse(
-        TOKENIZER, policy or ScriptedPolicy(), Accelerator(cpu=True), list(tools), environment,
-        max_completion_length, max_iterations, timeout, [TOKENIZER.eos_token_id],
+        TOKENIZER,
+        policy or ScriptedPolicy(),
+        Accelerator(cpu=True),
+        list(tools),
+        environment,
+        max_completion_length,
+        max_iterations,
+        timeout,
+        [TOKENIZER.eos_token_id],
     )
 
 
@@ -121,8 +127,11 @@ def test_the_tool_result_is_appended_and_masked_and_the_model_answers_after_it()
     # The sampler's log-probs stay aligned with the tokens: its own where it sampled, 0 where the tool wrote.
     assert generated.sampling_per_token_logps[0, :length].tolist() == [-0.5 if m else 0.0 for m in expected_mask]
     assert turns.completions[0] == [
-        {"role": "assistant", "content": "",
-         "tool_calls": [{"type": "function", "function": {"name": "add", "arguments": {"a": 12, "b": 30}}}]},
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [{"type": "function", "function": {"name": "add", "arguments": {"a": 12, "b": 30}}}],
+        },
         {"role": "tool", "name": "add", "content": "42"},
         {"role": "assistant", "content": "42"},
     ]
@@ -130,10 +139,13 @@ def test_the_tool_result_is_appended_and_masked_and_the_model_answers_after_it()
     assert not generated.is_truncated[0]
 
 
-@pytest.mark.parametrize("tool, message", [
-    (named(broken_add, "add"), "Error: ValueError: the calculator is broken"),
-    (named(slow_add, "add"), "Error: the tool did not answer within 0.2 s"),
-])
+@pytest.mark.parametrize(
+    "tool, message",
+    [
+        (named(broken_add, "add"), "Error: ValueError: the calculator is broken"),
+        (named(slow_add, "add"), "Error: the tool did not answer within 0.2 s"),
+    ],
+)
 def test_a_tool_that_raises_or_times_out_is_reported_and_the_rollout_goes_on(tool, message):
     start = time.perf_counter()
     turns = tool_use([tool], timeout=0.2, max_completion_length=128)(rows("1+2=", "3+4="), with_logprobs=False)
@@ -230,11 +242,12 @@ def test_tool_result_tokens_get_no_gradient():
         results = []
         for perturbation in (0.0, 3.0):
             batch = {
-                "completion_mask": completion_mask, "tool_mask": tool_mask,
+                "completion_mask": completion_mask,
+                "tool_mask": tool_mask,
                 "advantages": torch.tensor([1.0, -0.5, 0.3, -1.2]),
-                "old_per_token_logps": old + perturbation * tool, "ref_per_token_logps": old - perturbation * tool,
+                "old_per_token_logps": old + perturbation * tool,
+                "ref_per_token_logps": old - perturbation * tool,
             }
-            batch["num_items_in_batch"] = loss_mask(batch).sum()
             logps = (base + perturbation * tool).requires_grad_()
             out = objective(logps, torch.zeros(4, 6), batch)
             out.loss.backward()
@@ -260,8 +273,13 @@ QWEN_LIKE_RESPONSE = {
     "start_anchor": "<a>",
     "defaults": {"role": "assistant"},
     "fields": {
-        "tool_calls": {"open": "<t>", "close": "</t>", "repeats": True, "content": "json",
-                       "transform": {"type": "function", "function": "{content}"}},
+        "tool_calls": {
+            "open": "<t>",
+            "close": "</t>",
+            "repeats": True,
+            "content": "json",
+            "transform": {"type": "function", "function": "{content}"},
+        },
         "content": {"close_pattern": r"<eos>|$", "content": "text"},
     },
 }
@@ -283,10 +301,18 @@ def tool_template_model(tmp_path_factory):
 def test_a_chat_dataset_with_a_tool_calling_template_trains_with_plain_tools(tool_template_model, tmp_path, registry):
     data = tmp_path / "questions.jsonl"
     data.write_text("".join(json.dumps(row) + "\n" for row in rows("1+2=", "3+4=", "5+6=", "7+8=")))
-    cfg = grpo_kit.compose(tiny_run(
-        tool_template_model, f"data.path={data}", "tools=[tests.test_tool_use:add]", "+reward=accuracy", "trainer.max_steps=2",
-        "generation.max_completion_length=12", "generation.temperature=3.0",
-    ), registry)
+    cfg = grpo_kit.compose(
+        tiny_run(
+            tool_template_model,
+            f"data.path={data}",
+            "tools=[tests.test_tool_use:add]",
+            "+reward=accuracy",
+            "trainer.max_steps=2",
+            "generation.max_completion_length=12",
+            "generation.temperature=3.0",
+        ),
+        registry,
+    )
     grpo_kit.train(cfg, tmp_path / "run", registry)
     metrics = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert all("tools/call_frequency" in line for line in metrics if "reward" in line)
@@ -301,8 +327,10 @@ def test_the_tool_calling_template_round_trips_a_call_through_the_loop(tool_temp
     class Caller(ScriptedPolicy):
         def generate(self, prompt_ids, with_logprobs=False):
             text = [tokenizer.decode(ids) for ids in prompt_ids]
-            turns = [tokenizer(call if t.endswith("<u>2+5=</u><a>") else "7<eos>", add_special_tokens=False).input_ids
-                     for t in text]
+            turns = [
+                tokenizer(call if t.endswith("<u>2+5=</u><a>") else "7<eos>", add_special_tokens=False).input_ids
+                for t in text
+            ]
             width = max(map(len, turns))
             ids = torch.tensor([t + [0] * (width - len(t)) for t in turns])
             mask = torch.tensor([[1] * len(t) + [0] * (width - len(t)) for t in turns])
@@ -324,9 +352,17 @@ def test_the_calculator_command_learns_to_call_the_tool(tmp_path):
     run_dir = tmp_path / "run"
     start = time.perf_counter()
     subprocess.run(
-        [sys.executable, "-m", "grpo_kit", "+loss=dapo", "+reward=accuracy", "+environment=calculator",
-         f"hydra.run.dir={run_dir}"],
-        check=True, stdout=subprocess.DEVNULL,
+        [
+            sys.executable,
+            "-m",
+            "grpo_kit",
+            "+loss=dapo",
+            "+reward=accuracy",
+            "+environment=calculator",
+            f"hydra.run.dir={run_dir}",
+        ],
+        check=True,
+        stdout=subprocess.DEVNULL,
     )
     seconds = time.perf_counter() - start
     lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
@@ -337,8 +373,10 @@ def test_the_calculator_command_learns_to_call_the_tool(tmp_path):
         return sum(line[key] for line in part) / len(part)
 
     first, last = lines[:tenth], lines[-tenth:]
-    print(f"{seconds:.0f} s; reward {mean('reward', first):.3f} -> {mean('reward', last):.3f}; calls per completion "
-          f"{mean('tools/call_frequency', first):.3f} -> {mean('tools/call_frequency', last):.3f}")
+    print(
+        f"{seconds:.0f} s; reward {mean('reward', first):.3f} -> {mean('reward', last):.3f}; calls per completion "
+        f"{mean('tools/call_frequency', first):.3f} -> {mean('tools/call_frequency', last):.3f}"
+    )
     assert mean("reward", last) >= mean("reward", first) + 0.3
     assert mean("tools/call_frequency", last) > mean("tools/call_frequency", first)
 
@@ -382,8 +420,10 @@ def test_a_rollout_plugin_generates_and_its_environment_tokens_are_masked(local_
     from grpo_kit.plugins.registry import Registry, plugin_manager
 
     registry = Registry(plugin_manager(local_modules=[local_plugin("feedback_rollout", ECHO_ROLLOUT)]))
-    cfg = grpo_kit.compose(tiny_run(tiny_model, "+rollout=feedback", "+reward=seen", "trainer.max_steps=2",
-                                    "trainer.sample_every=1"), registry)
+    cfg = grpo_kit.compose(
+        tiny_run(tiny_model, "+rollout=feedback", "+reward=seen", "trainer.max_steps=2", "trainer.sample_every=1"),
+        registry,
+    )
     grpo_kit.train(cfg, tmp_path, registry)
     samples = [json.loads(line) for line in (tmp_path / "samples.jsonl").read_text().splitlines()]
     assert samples and all(sample["completion"].endswith("*") for sample in samples)  # what the rewards read
@@ -396,7 +436,8 @@ def test_a_rollout_plugin_cannot_be_combined_with_tools(local_plugin, tiny_model
     from grpo_kit.plugins.registry import Registry, plugin_manager
 
     registry = Registry(plugin_manager(local_modules=[local_plugin("feedback_rollout", ECHO_ROLLOUT)]))
-    cfg = grpo_kit.compose(tiny_run(tiny_model, "+rollout=feedback", "+reward=seen",
-                                    "tools=[tests.test_tool_use:add]"), registry)
+    cfg = grpo_kit.compose(
+        tiny_run(tiny_model, "+rollout=feedback", "+reward=seen", "tools=[tests.test_tool_use:add]"), registry
+    )
     with pytest.raises(ConfigError, match=r"\+rollout=feedback generates by itself"):
         grpo_kit.train(cfg, tmp_path, registry)

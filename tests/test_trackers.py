@@ -16,7 +16,13 @@ from grpo_kit.outputs.trackers import TrackerLogger, check_trackers, flat_config
 
 CONFIG = {
     "seed": 3,
-    "trainer": {"learning_rate": 1e-3, "max_steps": 2, "report_to": ["tensorboard"], "project": "grpo_kit", "run_name": None},
+    "trainer": {
+        "learning_rate": 1e-3,
+        "max_steps": 2,
+        "report_to": ["tensorboard"],
+        "project": "grpo_kit",
+        "run_name": None,
+    },
     "rollouts": {"replay": None},
     "hook": {},
 }

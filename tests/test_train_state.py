@@ -20,8 +20,13 @@ def registry(digits_registry):
 
 def overrides(tiny_model, *extra):
     return tiny_run(
-        tiny_model, "+reward=digits", "trainer.max_steps=4", "trainer.save_steps=2", "trainer.save_total_limit=5",
-        "algorithm.steps_per_generation=2", "algorithm.num_iterations=2",  # pending batches cross step boundaries
+        tiny_model,
+        "+reward=digits",
+        "trainer.max_steps=4",
+        "trainer.save_steps=2",
+        "trainer.save_total_limit=5",
+        "algorithm.steps_per_generation=2",
+        "algorithm.num_iterations=2",  # pending batches cross step boundaries
         *extra,
     )
 
@@ -60,7 +65,9 @@ def test_resuming_from_a_middle_checkpoint_ends_like_the_unbroken_run(registry, 
 
 def test_a_resumed_replay_goes_on_from_its_batch_and_its_recording_from_its_file(registry, tiny_model, tmp_path):
     recorded, unbroken, resumed = tmp_path / "recorded", tmp_path / "unbroken", tmp_path / "resumed"
-    grpo_kit.train(grpo_kit.compose(overrides(tiny_model, "rollouts.save=true", *ONE_BATCH_A_STEP), registry), recorded, registry)
+    grpo_kit.train(
+        grpo_kit.compose(overrides(tiny_model, "rollouts.save=true", *ONE_BATCH_A_STEP), registry), recorded, registry
+    )
     replaying = [f"rollouts.replay={recorded}", "rollouts.save=true", *ONE_BATCH_A_STEP]
     grpo_kit.train(grpo_kit.compose(overrides(tiny_model, *replaying), registry), unbroken, registry)
     # The resumed run's own recording goes on from the checkpoint: it starts with the files recorded before it.
@@ -83,7 +90,9 @@ def test_a_generator_lost_mid_step_saves_the_last_whole_step_and_the_resumed_run
     The half-done step is undone (its sampler draws, gradients, metrics and random generators), step 2 is saved,
     and the run stops with the command that resumes it. Resumed, it ends with the unbroken run's weights.
     """
-    module = local_plugin("lost_generator", """
+    module = local_plugin(
+        "lost_generator",
+        """
         from dataclasses import dataclass
 
         import grpo_kit
@@ -106,19 +115,27 @@ def test_a_generator_lost_mid_step_saves_the_last_whole_step_and_the_resumed_run
 
         @grpo_kit.hookimpl
         def register_generations(register):
-            register("lost_once", LostOnce, LostConfig)
+            register("lost_once", LostOnce, LostConfig, samples_from_policy=True)  # as transformers is registered
 
         @grpo_kit.hookimpl
         def register_rewards(register):
-            register("digits", lambda completions, **_: [sum(c.isdigit() for c in t) / max(len(t), 1) for t in completions])
-    """)
+            register("digits", lambda completions, **_: [sum(c.isdigit() for c in t) / max(len(t), 1) for t in
+            completions])
+    """,
+    )
     from grpo_kit.contract.errors import GenerationUnavailable
     from grpo_kit.plugins.registry import Registry, plugin_manager
 
     registry = Registry(plugin_manager(local_modules=[module]))
     settings = tiny_run(
-        tiny_model, "+reward=digits", "generation=lost_once", "trainer.max_steps=4", "trainer.save_steps=100",
-        "trainer.gradient_accumulation_steps=2", "algorithm.steps_per_generation=1", "trainer.per_device_train_batch_size=4",
+        tiny_model,
+        "+reward=digits",
+        "generation=lost_once",
+        "trainer.max_steps=4",
+        "trainer.save_steps=100",
+        "trainer.gradient_accumulation_steps=2",
+        "algorithm.steps_per_generation=1",
+        "trainer.per_device_train_batch_size=4",
     )
     unbroken, broken = tmp_path / "unbroken", tmp_path / "broken"
     grpo_kit.train(grpo_kit.compose(settings, registry), unbroken, registry)

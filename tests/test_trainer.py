@@ -115,10 +115,20 @@ def test_loss_level_and_correction_train(registry, tiny_model, tmp_path, loss, l
 
 def test_every_objective_setting_of_the_core_trains(registry, tiny_model, tmp_path):
     logged = train_one_step(
-        registry, tiny_model, tmp_path, "dapo", "token", "token_truncate",
-        "algorithm.beta=0.04", "algorithm.top_entropy_quantile=0.2", "algorithm.entropy_coef=0.01",
-        "algorithm.off_policy_mask_threshold=0.5", "algorithm.num_iterations=2", "algorithm.sync_ref_model=true",
-        "algorithm.ref_model_sync_steps=1", "algorithm.mask_truncated_completions=true",
+        registry,
+        tiny_model,
+        tmp_path,
+        "dapo",
+        "token",
+        "token_truncate",
+        "algorithm.beta=0.04",
+        "algorithm.top_entropy_quantile=0.2",
+        "algorithm.entropy_coef=0.01",
+        "algorithm.off_policy_mask_threshold=0.5",
+        "algorithm.num_iterations=2",
+        "algorithm.sync_ref_model=true",
+        "algorithm.ref_model_sync_steps=1",
+        "algorithm.mask_truncated_completions=true",
     )
     assert "kl" in logged
 
@@ -136,13 +146,17 @@ def test_two_rewards_are_logged_and_their_weighted_sum_trains(registry, tiny_mod
     )
     grpo_kit.train(cfg, tmp_path, registry)
     for line in map(json.loads, (tmp_path / "metrics.jsonl").read_text().splitlines()):
-        weighted = sum(line[f"rewards/{name}/mean"] * w for name, w in [("accuracy", 1), ("digits", 1), ("think_format", 0.5)])
+        weighted = sum(
+            line[f"rewards/{name}/mean"] * w for name, w in [("accuracy", 1), ("digits", 1), ("think_format", 0.5)]
+        )
         assert line["reward"] == pytest.approx(weighted, abs=1e-6)
         assert line["rewards/accuracy/failures"] == 0
 
 
 def test_a_reward_that_raises_does_not_stop_the_run(local_plugin, tiny_model, tmp_path, caplog):
-    module = local_plugin("raising_reward", """
+    module = local_plugin(
+        "raising_reward",
+        """
         import grpo_kit
 
         def flaky(prompts, completions, completion_ids, **columns):
@@ -151,7 +165,8 @@ def test_a_reward_that_raises_does_not_stop_the_run(local_plugin, tiny_model, tm
         @grpo_kit.hookimpl
         def register_rewards(register):
             register("flaky", flaky)
-    """)
+    """,
+    )
     registry = Registry(plugin_manager(local_modules=[module, "digits_reward"]))
     cfg = grpo_kit.compose(run(tiny_model, "+reward=[flaky]"), registry)
     grpo_kit.train(cfg, tmp_path, registry)

@@ -18,8 +18,8 @@ from grpo_kit.contract.errors import ConfigError
 from grpo_kit.contract.pipeline import Run
 from grpo_kit.outputs.trackers import TrackerLogger, accelerate_trackers, check_trackers
 from grpo_kit.testing import build_tiny_model, tiny_run
+from grpo_kit.training.lifecycle import Stopped
 from grpo_kit.training.optimizers import build_optimizer, build_scheduler
-from grpo_kit.training.trainer import Stopped
 
 
 @pytest.fixture
@@ -83,8 +83,11 @@ def test_optim_args_reach_the_optimizer(model):
 
 @pytest.mark.parametrize(
     "name, optim_args, unused",
-    [("adamw_torch", "momentum=0.9", "momentum"), ("sgd", "momentum=0.9,betas=1", "betas"),
-     ("sgd", "weight_decay=0.1", "weight_decay")],
+    [
+        ("adamw_torch", "momentum=0.9", "momentum"),
+        ("sgd", "momentum=0.9,betas=1", "betas"),
+        ("sgd", "weight_decay=0.1", "weight_decay"),
+    ],
 )
 def test_optim_args_the_optimizer_would_ignore_are_refused(model, name, optim_args, unused):
     # transformers drops them without a word
@@ -103,7 +106,9 @@ def test_weight_decay_spares_biases_and_norm_weights_as_in_transformers(model):
 
 
 @pytest.mark.parametrize("name", ["adamw_nope", "lomo", "schedule_free_adamw", "galore_adamw"])
-def test_an_unknown_or_unsupported_optimizer_fails_before_the_model_is_loaded(registry, unloadable_model, tmp_path, name):
+def test_an_unknown_or_unsupported_optimizer_fails_before_the_model_is_loaded(
+    registry, unloadable_model, tmp_path, name
+):
     cfg = grpo_kit.compose(tiny_run(unloadable_model, "+reward=digits", f"trainer.optim={name}"), registry)
     message = "adamw_torch_fused, adamw_torch_xla" if name == "adamw_nope" else "training loop does not do"
     with pytest.raises(ConfigError, match=f"trainer.optim={name} .*{message}"):
@@ -192,8 +197,14 @@ def test_wandb_runs_under_the_project_and_run_name_given(tmp_path, fresh_acceler
 
 
 def tracked(tiny_model, *extra):
-    return tiny_run(tiny_model, "+reward=digits", "trainer.max_steps=2", "trainer.logging_steps=1",
-                    "trainer.report_to=[tensorboard]", *extra)
+    return tiny_run(
+        tiny_model,
+        "+reward=digits",
+        "trainer.max_steps=2",
+        "trainer.logging_steps=1",
+        "trainer.report_to=[tensorboard]",
+        *extra,
+    )
 
 
 def test_tensorboard_names_the_run_by_its_folder(registry, tiny_model, tmp_path):
@@ -209,18 +220,28 @@ def test_tensorboard_names_the_run_by_its_folder(registry, tiny_model, tmp_path)
 
 
 def test_save_only_model_checkpoints_hold_the_weights_and_refuse_to_resume(registry, tiny_model, tmp_path):
-    overrides = tiny_run(tiny_model, "+reward=digits", "trainer.save_steps=1", "trainer.save_total_limit=5",
-                         "trainer.save_only_model=true")
+    overrides = tiny_run(
+        tiny_model,
+        "+reward=digits",
+        "trainer.save_steps=1",
+        "trainer.save_total_limit=5",
+        "trainer.save_only_model=true",
+    )
     run_dir = tmp_path / "run"
     grpo_kit.train(grpo_kit.compose(overrides, registry), run_dir, registry)
     checkpoints = sorted((run_dir / "checkpoints").iterdir())
     assert [c.name for c in checkpoints] == ["step-000001", "step-000002", "step-000003"]
     assert all(sorted(p.name for p in c.iterdir()) == ["manifest.json", "metrics.jsonl", "model"] for c in checkpoints)
-    last, final = load_file(checkpoints[-1] / "model" / "model.safetensors"), load_file(run_dir / "model" / "model.safetensors")
+    last, final = (
+        load_file(checkpoints[-1] / "model" / "model.safetensors"),
+        load_file(run_dir / "model" / "model.safetensors"),
+    )
     assert all(torch.equal(last[name], final[name]) for name in final)
 
     for resume in ("auto", str(checkpoints[0])):
-        with pytest.raises(ConfigError, match=r"holds the model's weights only.*model.name_or_path=.*step-00000\d/model"):
+        with pytest.raises(
+            ConfigError, match=r"holds the model's weights only.*model.name_or_path=.*step-00000\d/model"
+        ):
             grpo_kit.train(grpo_kit.compose([*overrides, f"trainer.resume={resume}"], registry), run_dir, registry)
     # Its weights start a new run.
     fresh = [*overrides[1:], f"model.name_or_path={checkpoints[0] / 'model'}", "trainer.max_steps=1"]
@@ -228,7 +249,9 @@ def test_save_only_model_checkpoints_hold_the_weights_and_refuse_to_resume(regis
 
 
 def test_a_run_stopped_early_saves_a_whole_checkpoint_even_with_save_only_model(local_plugin, tiny_model, tmp_path):
-    module = local_plugin("interrupt_at_2", """
+    module = local_plugin(
+        "interrupt_at_2",
+        """
         import os, signal
         import grpo_kit
 
@@ -239,13 +262,21 @@ def test_a_run_stopped_early_saves_a_whole_checkpoint_even_with_save_only_model(
 
         @grpo_kit.hookimpl
         def register_rewards(register):
-            register("digits", lambda completions, **_: [sum(c.isdigit() for c in t) / max(len(t), 1) for t in completions])
-    """)
+            register("digits", lambda completions, **_: [sum(c.isdigit() for c in t) / max(len(t), 1) for t in
+            completions])
+    """,
+    )
     from grpo_kit.plugins.registry import Registry, plugin_manager
 
     registry = Registry(plugin_manager(local_modules=[module]))
-    overrides = tiny_run(tiny_model, "+reward=digits", "trainer.save_steps=1", "trainer.save_total_limit=5",
-                         "trainer.save_only_model=true", "trainer.max_steps=4")
+    overrides = tiny_run(
+        tiny_model,
+        "+reward=digits",
+        "trainer.save_steps=1",
+        "trainer.save_total_limit=5",
+        "trainer.save_only_model=true",
+        "trainer.max_steps=4",
+    )
     with pytest.raises(Stopped):
         grpo_kit.train(grpo_kit.compose(overrides, registry), tmp_path, registry)
     saved = {c.name: sorted(p.name for p in c.iterdir()) for c in (tmp_path / "checkpoints").iterdir()}
@@ -259,8 +290,13 @@ def test_a_run_stopped_early_saves_a_whole_checkpoint_even_with_save_only_model(
 
 
 def test_num_tokens_counts_every_prompt_and_completion_token_generated(registry, tiny_model, tmp_path):
-    overrides = tiny_run(tiny_model, "+reward=digits", "rollouts.save=true", "trainer.gradient_accumulation_steps=2",
-                         "trainer.logging_steps=1")
+    overrides = tiny_run(
+        tiny_model,
+        "+reward=digits",
+        "rollouts.save=true",
+        "trainer.gradient_accumulation_steps=2",
+        "trainer.logging_steps=1",
+    )
     grpo_kit.train(grpo_kit.compose(overrides, registry), tmp_path, registry)
     lines = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     batches = [torch.load(path, weights_only=False) for path in sorted((tmp_path / "rollouts").glob("*.pt"))]
@@ -271,8 +307,14 @@ def test_num_tokens_counts_every_prompt_and_completion_token_generated(registry,
 
 
 def test_num_tokens_goes_on_after_a_resume(registry, tiny_model, tmp_path):
-    overrides = tiny_run(tiny_model, "+reward=digits", "trainer.max_steps=4", "trainer.save_steps=2",
-                         "trainer.save_total_limit=5", "trainer.logging_steps=1")
+    overrides = tiny_run(
+        tiny_model,
+        "+reward=digits",
+        "trainer.max_steps=4",
+        "trainer.save_steps=2",
+        "trainer.save_total_limit=5",
+        "trainer.logging_steps=1",
+    )
     unbroken, resumed = tmp_path / "unbroken", tmp_path / "resumed"
     grpo_kit.train(grpo_kit.compose(overrides, registry), unbroken, registry)
     checkpoint = unbroken / "checkpoints" / "step-000002"

@@ -86,7 +86,9 @@ TRANSLATED = {
     "gradient_checkpointing": ("model.gradient_checkpointing", "auto", "on wherever the model supports it"),
     "bf16": ("trainer.mixed_precision", "auto", "bf16 on a GPU that has it; float32 on a CPU, where TRL refuses it"),
     "vllm_importance_sampling_correction": (
-        "algorithm.correct_policy_sampler", False, "the correction applies to vLLM's samples, not to the policy's own"
+        "algorithm.correct_policy_sampler",
+        False,
+        "the correction applies to vLLM's samples, not to the policy's own",
     ),
     "top_k": ("generation.top_k", None, "TRL's 0 and our null both keep every token"),
     "steps_per_generation": ("algorithm.steps_per_generation", None, "null: gradient_accumulation_steps, as TRL sets"),
@@ -124,9 +126,14 @@ def test_a_default_is_trls(trl_defaults, presets, field):
 def test_a_translated_default_says_what_trls_says(trl_defaults, presets, field):
     key, ours, _ = TRANSLATED[field]
     expected_trl = {
-        "gradient_checkpointing": True, "bf16": True, "vllm_importance_sampling_correction": True, "top_k": 0,
-        "steps_per_generation": trl_defaults.gradient_accumulation_steps, "disable_tqdm": False,
-        "eval_strategy": "no", "multi_objective_aggregation": "sum_then_normalize",
+        "gradient_checkpointing": True,
+        "bf16": True,
+        "vllm_importance_sampling_correction": True,
+        "top_k": 0,
+        "steps_per_generation": trl_defaults.gradient_accumulation_steps,
+        "disable_tqdm": False,
+        "eval_strategy": "no",
+        "multi_objective_aggregation": "sum_then_normalize",
     }[field]
     assert getattr(trl_defaults, field) == expected_trl, f"TRL's {field} changed: map it again"
     assert OmegaConf.select(presets, key) == ours, key
@@ -152,7 +159,9 @@ def test_naming_only_the_model_keeps_the_embedded_tasks_lengths():
 
 
 def test_the_rollout_correction_applies_to_vllm_samples_only(registry, presets):
-    vllm = grpo_kit.compose(["model.name_or_path=x", "data.path=y", "+reward=accuracy", "generation=vllm_server"], registry)
+    vllm = grpo_kit.compose(
+        ["model.name_or_path=x", "data.path=y", "+reward=accuracy", "generation=vllm_server"], registry
+    )
     assert corrects_rollouts(vllm, registry)
     assert not corrects_rollouts(presets, registry)
     own_choice = grpo_kit.compose(["+reward=accuracy", "rollout_correction=token_truncate"], registry)

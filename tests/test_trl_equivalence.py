@@ -43,7 +43,6 @@ def random_batch(seed: int):
         "advantages": torch.tensor([1.3, -0.7, 0.4, -1.1]),
         "old_per_token_logps": logps + noise(0.3),
         "ref_per_token_logps": logps + noise(0.5),
-        "num_items_in_batch": torch.tensor(float(mask.sum() * 3)),  # this micro-batch is part of a larger batch
     }
     batch["sampling_per_token_logps"] = batch["old_per_token_logps"] + noise(0.4)
     entropies = torch.rand(B, T, generator=generator) * 3
@@ -109,15 +108,18 @@ def scored_by(trainer_class, stand_in, completion_mask) -> dict:
     return output
 
 
-def trl_grpo_scored(trl, rewards_per_func, completion_mask, old_per_token_logps=None,
-                    sampling_per_token_logps=None, **settings) -> dict:
+def trl_grpo_scored(
+    trl, rewards_per_func, completion_mask, old_per_token_logps=None, sampling_per_token_logps=None, **settings
+) -> dict:
     """TRL's GRPO generation batch: its advantages and, when the sampler's log-probs are given, its ratio."""
     size = completion_mask.shape[0]
     ids = completion_token_ids(completion_mask)
     sampling = None
     if sampling_per_token_logps is not None:  # as vLLM reports them: a list per completion, None where unscored
-        sampling = [[None if math.isnan(value) else value for value in row[: len(completion)]]
-                    for row, completion in zip(sampling_per_token_logps.tolist(), ids)]
+        sampling = [
+            [None if math.isnan(value) else value for value in row[: len(completion)]]
+            for row, completion in zip(sampling_per_token_logps.tolist(), ids)
+        ]
 
     def generated(prompts):
         return [[5, 6]] * size, ids, None, ["completion"] * size, sampling, {}, None, None
@@ -245,7 +247,9 @@ def test_loss_and_gradient_equal_trl(registry, trl, loss, level, correction):
     from its generation-batch scoring."""
     if loss == "vespo" and correction.startswith("sequence"):
         pytest.skip("TRL and grpo_kit both reject vespo with a sequence-level correction")
-    base = grpo_kit.compose([f"+loss={loss}", f"importance_sampling={level}", f"rollout_correction={correction}"], registry)
+    base = grpo_kit.compose(
+        [f"+loss={loss}", f"importance_sampling={level}", f"rollout_correction={correction}"], registry
+    )
     for seed, setting in enumerate(settings()):
         cfg = base.copy()
         with open_dict(cfg):
@@ -261,24 +265,27 @@ def test_loss_and_gradient_equal_trl(registry, trl, loss, level, correction):
         logps, entropies, batch = random_batch(seed)
         old, sampling, mask = batch["old_per_token_logps"], batch["sampling_per_token_logps"], batch["completion_mask"]
         ours_batch, theirs_batch = dict(batch), dict(batch)
+        num_items_in_batch = float(mask.sum() * 3)  # this micro-batch is part of a larger generation batch
+        theirs_batch["num_items_in_batch"] = torch.tensor(num_items_in_batch)  # where TRL reads it
         ratio = objective.rollout_correction(old, sampling, mask)
         corrected = ratio is not None
         assert corrected == (correction != "none")
         if corrected:
             ours_batch["importance_sampling_ratio"] = ratio
-            theirs_batch["importance_sampling_ratio"] = trl_correction_ratio(trl, cfg.rollout_correction, old,
-                                                                             sampling, mask)
+            theirs_batch["importance_sampling_ratio"] = trl_correction_ratio(
+                trl, cfg.rollout_correction, old, sampling, mask
+            )
 
         ours_logps = logps.clone().requires_grad_()
         ours_entropies = entropies.clone().requires_grad_(setting["entropy_coef"] != 0.0)
-        ours = objective(
-            ours_logps,
-            ours_entropies,
-            ours_batch,
+        reduction = grpo_kit.Reduction(
+            num_items_in_batch,
             gradient_accumulation_steps=setting["accumulation"],
             steps_per_generation=setting["steps_per_generation"],
             num_processes=1,
+            max_completion_length=MAX_COMPLETION_LENGTH,
         )
+        ours = objective(ours_logps, ours_entropies, ours_batch, reduction)
         ours.loss.backward()
 
         trainer = trl_trainer(trl, cfg, setting["accumulation"], correction=corrected)
@@ -322,8 +329,10 @@ BOUNDS = [(None, 3.0), (0.5, 2.0), (0.8, None), (None, None)]
 def test_rollout_correction_ratio_equals_trl(registry, trl, correction, low, high):
     if correction.endswith("truncate") and low is None and high is None:
         pytest.skip("TRL and grpo_kit both refuse a truncation with neither bound")
-    bounds = [f"rollout_correction.min={'null' if low is None else low}",
-              f"rollout_correction.max={'null' if high is None else high}"]
+    bounds = [
+        f"rollout_correction.min={'null' if low is None else low}",
+        f"rollout_correction.max={'null' if high is None else high}",
+    ]
     cfg = grpo_kit.compose([f"rollout_correction={correction}", *bounds], registry)
     old, sampling, mask = correction_inputs()
     ours = grpo_kit.build_objective(cfg, registry).rollout_correction(old, sampling, mask)

@@ -41,8 +41,14 @@ SEED = 42
 # clip ratios, means over micro-batches, differ with the split, so they are left to tests/test_trl_equivalence.py.
 STEP_METRICS = ["loss", "grad_norm", "learning_rate"]
 # The generation batch's metrics: TRL logs them at the steps that generate, grpo_kit at every step trained on it.
-GENERATION_METRICS = ["reward", "reward_std", "rewards/digit_sum/mean", "rewards/digit_sum/std", "frac_reward_zero_std",
-                      "completions/mean_length"]
+GENERATION_METRICS = [
+    "reward",
+    "reward_std",
+    "rewards/digit_sum/mean",
+    "rewards/digit_sum/std",
+    "frac_reward_zero_std",
+    "completions/mean_length",
+]
 
 
 def fixed_completions(prompts: list[str], tokenizer) -> tuple[list[list[int]], list[list[int]]]:
@@ -100,33 +106,36 @@ def on_advantages(advantages):
 
 def train_grpo_kit(model_dir, prompts_file, run_dir, loss: str, beta: float, num_iterations: int) -> dict:
     registry = Registry(plugin_manager(autoload=True, local_modules=[__name__], disabled=[]))
-    cfg = grpo_kit.compose([
-        f"model.name_or_path={model_dir}",
-        f"data.path={prompts_file}",
-        "data.shuffle=false",
-        "+rollout=fixed",
-        "+reward=digit_sum",
-        f"+loss={loss}",
-        f"algorithm.beta={beta}",
-        f"algorithm.num_iterations={num_iterations}",
-        f"generation.num_generations={NUM_GENERATIONS}",
-        f"generation.max_completion_length={MAX_COMPLETION_LENGTH}",
-        f"trainer.per_device_train_batch_size={PER_DEVICE_TRAIN_BATCH_SIZE}",
-        f"trainer.gradient_accumulation_steps={GRADIENT_ACCUMULATION_STEPS}",
-        f"trainer.max_steps={STEPS}",
-        f"trainer.learning_rate={LEARNING_RATE}",
-        f"trainer.adam_epsilon={ADAM_EPSILON}",
-        f"trainer.max_grad_norm={MAX_GRAD_NORM}",
-        # model=hf carries TRL's defaults, some of which TRL's side turns off below: float32, no checkpointing, and
-        # no rollout correction (TRL's applies to vLLM's samples only).
-        "rollout_correction=none",
-        "trainer.mixed_precision=no",
-        "model.gradient_checkpointing=false",
-        "trainer.logging_steps=1",
-        "trainer.progress_bar=false",
-        "trainer.sample_every=0",
-        f"seed={SEED}",
-    ], registry)
+    cfg = grpo_kit.compose(
+        [
+            f"model.name_or_path={model_dir}",
+            f"data.path={prompts_file}",
+            "data.shuffle=false",
+            "+rollout=fixed",
+            "+reward=digit_sum",
+            f"+loss={loss}",
+            f"algorithm.beta={beta}",
+            f"algorithm.num_iterations={num_iterations}",
+            f"generation.num_generations={NUM_GENERATIONS}",
+            f"generation.max_completion_length={MAX_COMPLETION_LENGTH}",
+            f"trainer.per_device_train_batch_size={PER_DEVICE_TRAIN_BATCH_SIZE}",
+            f"trainer.gradient_accumulation_steps={GRADIENT_ACCUMULATION_STEPS}",
+            f"trainer.max_steps={STEPS}",
+            f"trainer.learning_rate={LEARNING_RATE}",
+            f"trainer.adam_epsilon={ADAM_EPSILON}",
+            f"trainer.max_grad_norm={MAX_GRAD_NORM}",
+            # model=hf carries TRL's defaults, some of which TRL's side turns off below: float32, no checkpointing, and
+            # no rollout correction (TRL's applies to vLLM's samples only).
+            "rollout_correction=none",
+            "trainer.mixed_precision=no",
+            "model.gradient_checkpointing=false",
+            "trainer.logging_steps=1",
+            "trainer.progress_bar=false",
+            "trainer.sample_every=0",
+            f"seed={SEED}",
+        ],
+        registry,
+    )
     RECORDED["advantages"].clear()
     grpo_kit.train(cfg, run_dir, registry)
     lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
@@ -242,19 +251,25 @@ def test_three_optimizer_steps_equal_trl(trl, shared, tmp_path, monkeypatch, los
 
     generation_batches = -(-STEPS // num_iterations)  # each is trained on for num_iterations steps
     assert len(ours["advantages"]) == len(theirs["advantages"]) == generation_batches
-    torch.testing.assert_close(torch.tensor(ours["advantages"]), torch.tensor(theirs["advantages"]),
-                               atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(
+        torch.tensor(ours["advantages"]), torch.tensor(theirs["advantages"]), atol=1e-5, rtol=1e-5
+    )
     assert [line["step"] for line in ours["metrics"]] == [entry["step"] for entry in theirs["metrics"]] == [1, 2, 3]
     for step, (our_line, their_line) in enumerate(zip(ours["metrics"], theirs["metrics"]), start=1):
         generated = (step - 1) % num_iterations == 0
         for name in STEP_METRICS + (GENERATION_METRICS if generated else []):
             torch.testing.assert_close(
-                torch.tensor(our_line[name]), torch.tensor(their_line[name]), atol=1e-5, rtol=1e-5,
+                torch.tensor(our_line[name]),
+                torch.tensor(their_line[name]),
+                atol=1e-5,
+                rtol=1e-5,
                 msg=lambda message, name=name, step=step: f"{name} at step {step}: {message}",
             )
     initial = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).state_dict()
     assert ours["weights"].keys() == theirs["weights"].keys()
     for name, weight in ours["weights"].items():
-        torch.testing.assert_close(weight, theirs["weights"][name], atol=1e-5, rtol=0, msg=lambda m, n=name: f"{n}: {m}")
+        torch.testing.assert_close(
+            weight, theirs["weights"][name], atol=1e-5, rtol=0, msg=lambda m, n=name: f"{n}: {m}"
+        )
     moved = max((weight - initial[name]).abs().max().item() for name, weight in ours["weights"].items())
     assert moved > 1e-2, "three steps should move the weights well beyond the tolerance"

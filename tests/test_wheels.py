@@ -29,8 +29,11 @@ def build_wheels(sources: Path, wheels: Path) -> list[Path]:
     for name in CORE_SOURCES:
         copy = shutil.copytree if (ROOT / name).is_dir() else shutil.copy
         copy(ROOT / name, core / name, **({"ignore": NOT_SOURCES} if (ROOT / name).is_dir() else {}))
-    plugins = [shutil.copytree(plugin, sources / plugin.name, ignore=NOT_SOURCES)
-               for plugin in sorted((ROOT / "plugins").iterdir()) if (plugin / "pyproject.toml").exists()]
+    plugins = [
+        shutil.copytree(plugin, sources / plugin.name, ignore=NOT_SOURCES)
+        for plugin in sorted((ROOT / "plugins").iterdir())
+        if (plugin / "pyproject.toml").exists()
+    ]
     for source in [core, *plugins]:
         run([sys.executable, "-m", "build", "--wheel", "--no-isolation", "--outdir", wheels, source])
     return sorted(wheels.glob("*.whl"))
@@ -50,9 +53,16 @@ def test_the_wheels_install_a_working_toolkit(tmp_path):
 
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
-    clean = {"PATH": f"{environment / 'bin'}:/usr/bin:/bin", "HOME": str(tmp_path), "GRPO_KIT_CACHE": str(tmp_path / "cache")}
-    where = run([python, "-c", "import grpo_kit, grpo_kit_losses; print(grpo_kit.__file__, grpo_kit_losses.__file__)"],
-                cwd=elsewhere, env=clean)
+    clean = {
+        "PATH": f"{environment / 'bin'}:/usr/bin:/bin",
+        "HOME": str(tmp_path),
+        "GRPO_KIT_CACHE": str(tmp_path / "cache"),
+    }
+    where = run(
+        [python, "-c", "import grpo_kit, grpo_kit_losses; print(grpo_kit.__file__, grpo_kit_losses.__file__)"],
+        cwd=elsewhere,
+        env=clean,
+    )
     assert str(ROOT) not in where and where.count(str(environment)) == 2, where
     assert not list(environment.glob("lib/python*/site-packages/__editable__*"))
 
@@ -60,7 +70,10 @@ def test_the_wheels_install_a_working_toolkit(tmp_path):
     names = {(plugin["kind"], plugin["name"]) for plugin in listed}
     assert {("loss", "grpo"), ("loss", "dapo"), ("reward", "accuracy"), ("generation", "transformers")} <= names
 
-    run([python, "-m", "grpo_kit", "+loss=dapo", "+reward=accuracy", "trainer.max_steps=2", "hydra.run.dir=run"],
-        cwd=elsewhere, env=clean)
+    run(
+        [python, "-m", "grpo_kit", "+loss=dapo", "+reward=accuracy", "trainer.max_steps=2", "hydra.run.dir=run"],
+        cwd=elsewhere,
+        env=clean,
+    )
     metrics = [json.loads(line) for line in (elsewhere / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [line["step"] for line in metrics if "loss" in line] == [1, 2]

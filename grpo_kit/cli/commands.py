@@ -71,7 +71,9 @@ def build_parser() -> argparse.ArgumentParser:
     plugins.add_argument("--kind", choices=KINDS, action="append", help="only this kind (repeatable)")
     plugins.set_defaults(run=plugins_command)
     report = commands.add_parser(
-        "report", help="write a sweep's report: tables and figures that compare its runs", description=REPORT_DESCRIPTION
+        "report",
+        help="write a sweep's report: tables and figures that compare its runs",
+        description=REPORT_DESCRIPTION,
     )
     add_report_arguments(report)
     report.set_defaults(run=report_command)

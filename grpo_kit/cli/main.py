@@ -108,7 +108,8 @@ def main() -> None:
         # torch and transformers load only now that the config is valid: a refused run answers at once.
         from grpo_kit.outputs.checkpoints import claim_run_directory
         from grpo_kit.report import final_reward
-        from grpo_kit.training.trainer import Stopped, train
+        from grpo_kit.training.lifecycle import Stopped
+        from grpo_kit.training.loop import train
 
         try:
             claim_run_directory(run_dir, cfg)

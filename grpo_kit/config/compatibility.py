@@ -35,7 +35,10 @@ def check_compatibility(cfg: DictConfig, registry: Registry) -> None:
         advice = registry.get("loss", cfg.loss.name).implementation.importance_sampling_advice
         log.warning(
             "loss %s %s: importance_sampling=%s is discouraged, use importance_sampling=%s.",
-            cfg.loss.name, advice, cfg.importance_sampling.name, wanted,
+            cfg.loss.name,
+            advice,
+            cfg.importance_sampling.name,
+            wanted,
         )
     accepted = loss["rollout_correction_levels"]
     corrected = correction_level is not None and corrects_rollouts(cfg, registry)
@@ -43,7 +46,8 @@ def check_compatibility(cfg: DictConfig, registry: Registry) -> None:
         log.info(
             "rollout_correction=%s is off: generation=%s samples with the trained model itself, and "
             "algorithm.correct_policy_sampler=false corrects other samplers only (vLLM's, as TRL does).",
-            cfg.rollout_correction.name, cfg.generation.name,
+            cfg.rollout_correction.name,
+            cfg.generation.name,
         )
     if corrected and accepted is not None and correction_level not in accepted:
         raise ConfigError(
@@ -62,7 +66,9 @@ def check_compatibility(cfg: DictConfig, registry: Registry) -> None:
             "set algorithm.beta, or algorithm.sync_ref_model=false."
         )
     if not 0.0 <= algo.top_entropy_quantile <= 1.0:
-        raise ConfigError(f"algorithm.top_entropy_quantile={algo.top_entropy_quantile} must lie in [0, 1] (0.2 in its paper).")
+        raise ConfigError(
+            f"algorithm.top_entropy_quantile={algo.top_entropy_quantile} must lie in [0, 1] (0.2 in its paper)."
+        )
     if algo.use_adaptive_entropy and algo.entropy_coef_min > algo.entropy_coef_max:
         raise ConfigError(
             f"algorithm.entropy_coef_min={algo.entropy_coef_min} is above algorithm.entropy_coef_max="

@@ -79,6 +79,11 @@ class ModelConfig:
     # GRPO loss where it equals the plain loss (TRL's use_liger_kernel; pip install 'grpo-kit[liger]'), else chunked.
     logits: str = "full"
     logits_chunk_size: int = 1024  # positions whose logits exist at once (chunked, and liger's metrics)
+    # Speed-ups of the forward passes (docs/training.md, "Speed-ups"), each where it applies and giving the plain
+    # pass's values up to float rounding; false takes the plain pass, to compare or to rule one out.
+    mask_free_passes: bool = True  # no attention mask where each row's tokens are one span: rows moved left
+    length_groups: bool = True  # a micro-batch of mixed completion lengths as two passes, each cut to its longest
+    cpu_chunked_attention: bool = True  # a CPU model's SDPA causal attention in chunks of 64 queries
     lora: LoraConfig = field(default_factory=LoraConfig)
     embedded: str = "sums"  # which embedded model name_or_path=null builds: sums, or tool_use (calls a calculator)
 
@@ -394,7 +399,9 @@ def plugins_chosen(kind: str, overrides: list[Override], registry: Registry) -> 
     """The plugins of a single-choice kind that `overrides` may select: the one they name, else the default one
     when no preset may choose another (model=hf, +experiment=dapo), else every installed one."""
     named = [
-        name for override in overrides if override.key_or_group == kind and not override.is_delete()
+        name
+        for override in overrides
+        if override.key_or_group == kind and not override.is_delete()
         for name in _chosen_names(override)
     ]
     if named:
@@ -522,8 +529,10 @@ def check_a_reward_may_be_chosen(overrides: list[str] | tuple[str, ...], registr
 def _may_add_a_reward(key: str) -> bool:
     """`reward...`, a preset choice (`+experiment=dapo` adds one), or a sweeper's (`hydra.sweeper.params`)."""
     first = _first_key(key)
-    return first == "reward" or key.startswith(("hydra.sweeper", "hydra/sweeper")) or (
-        first in preset_groups() and "." not in key
+    return (
+        first == "reward"
+        or key.startswith(("hydra.sweeper", "hydra/sweeper"))
+        or (first in preset_groups() and "." not in key)
     )
 
 
@@ -533,7 +542,9 @@ def no_reward(registry: Registry) -> PluginError:
 
 def note_default_loss(cfg: DictConfig, overrides: list[str] | tuple[str, ...]) -> None:
     """Say so when the loss is the default one because the command line named none (`+loss=dapo` names it)."""
-    named = any(override.key_or_group == "loss" for override in OverridesParser.create().parse_overrides(list(overrides)))
+    named = any(
+        override.key_or_group == "loss" for override in OverridesParser.create().parse_overrides(list(overrides))
+    )
     # Every process of a multi-process launch composes the config; one says so.
     if cfg.loss.name == DEFAULT_CHOICES["loss"] and not named and is_main_process():
         log.info("loss: %s, the default (choose another with +loss=NAME)", cfg.loss.name)

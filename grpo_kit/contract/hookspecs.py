@@ -12,9 +12,10 @@ Every ``register_*`` hook is handed one callable, ``register(name, implementatio
   ``"package.module:Class"``, and it is imported only when a run builds it: a plugin module must not import
   torch, which would then load with every ``grpo-kit`` command and every composed run;
 - ``config`` is a dataclass, both the schema and the defaults of the plugin's options (``loss.epsilon=...``);
-- ``traits`` are the class attributes the core checks a run's choices with before building anything
-  (``grpo_kit.contract.kinds.TRAITS``: a loss's ``importance_sampling_level``, an advantage's ``needs_groups``, ...),
-  declared here by a plugin registered by import path; a class registered as such carries its own.
+- ``traits`` are what the core checks a run's choices with before building anything
+  (``grpo_kit.contract.kinds.TRAITS``: a loss's ``importance_sampling_level``, an advantage's ``needs_groups``, ...).
+  Each is declared once: here, for an implementation registered by import path, which the built object then
+  carries as attributes; or, for one registered as such, here or as its own attribute, not both.
 
 What each kind of implementation provides, and every attribute the core reads of it with its default, is in
 ``grpo_kit/contract/kinds.py``.
@@ -72,7 +73,8 @@ def register_hooks(register):
 
 
 # Pipeline hooks. A module registered through the entry points may implement them directly (always on); a hook
-# plugin selected with `+hook=NAME` implements them as methods. `run` is the grpo_kit.contract.pipeline.Run being trained.
+# plugin selected with `+hook=NAME` implements them as methods. `run` is the
+# grpo_kit.contract.pipeline.Run being trained.
 
 
 @hookspec

@@ -4,7 +4,8 @@ Shapes: B completions in a micro-batch, T completion tokens, N completions in a 
 These are Protocols, and every attribute the core reads of a plugin is declared here with its default. A plugin
 class may subclass its kind's protocol (``class MyLoss(grpo_kit.Loss)``) to inherit those defaults and state only
 what differs; one that does not subclass it gets the same defaults, because the core reads every optional attribute
-through ``declared``. A protocol's ``__init__`` takes nothing: a plugin with options takes its config instead,
+through ``declared``. The traits among them (``TRAITS``, below) are declared to ``register`` instead, not on the
+class. A protocol's ``__init__`` takes nothing: a plugin with options takes its config instead,
 ``__init__(self, config)``. The config base classes (``GenerationConfig``, ``RewardConfig``) are not optional: the
 core reads their fields, so a generation or reward plugin's config extends them.
 """
@@ -22,7 +23,14 @@ if TYPE_CHECKING:
     import torch
 
 KINDS = (
-    "loss", "importance_sampling", "rollout_correction", "advantage", "reward", "generation", "hook", "environment",
+    "loss",
+    "importance_sampling",
+    "rollout_correction",
+    "advantage",
+    "reward",
+    "generation",
+    "hook",
+    "environment",
     "rollout",
 )
 MULTI_CHOICE_KINDS = ("reward", "hook")  # several at once: +reward=[a,b]; stored at reward.NAME
@@ -31,13 +39,29 @@ OPTIONAL_KINDS = ("environment", "rollout")  # a run without one is a run withou
 
 @dataclass(frozen=True)
 class Reduction:
-    """What a loss may divide by when it reduces per-token losses to the micro-batch's scalar."""
+    """What a loss may divide by when it reduces per-token losses to the micro-batch's scalar: the divisors of one
+    generation batch, the same for each of its micro-batches."""
 
     num_items_in_batch: float  # active completion tokens in the whole generation batch, all processes
     gradient_accumulation_steps: int
     steps_per_generation: int
     num_processes: int
     max_completion_length: int
+
+    @classmethod
+    def whole_batch(cls, mask: torch.Tensor, max_completion_length: int) -> Reduction:
+        """The divisors of a micro-batch that is its whole generation batch: one process, no accumulation; `mask`
+        (B, T) marks the tokens the loss trains on."""
+        return cls(float(mask.sum()), 1, 1, 1, max_completion_length)
+
+    @property
+    def tokens_per_step(self) -> float:
+        """The active tokens of one optimizer step on one process, the token-mean losses' normaliser: one process
+        trains on 1 / num_processes of the generation batch, spread over steps_per_generation micro-batches of
+        which an optimizer step takes gradient_accumulation_steps. Every token then weighs the same, however the
+        batch is split."""
+        tokens = max(self.num_items_in_batch, 1.0) / self.num_processes
+        return tokens * self.gradient_accumulation_steps / self.steps_per_generation
 
 
 @dataclass(frozen=True)
@@ -171,8 +195,8 @@ class Generation(Protocol):
     gathers the prompts on the main process and hands each process its share).
 
     A backend whose generator stops answering (a server that died and did not come back within the backend's
-    retries) raises `grpo_kit.contract.errors.GenerationUnavailable` from `generate` or `update_weights`: the run then saves
-    a checkpoint of its last whole step and stops with the command that resumes it, instead of failing.
+    retries) raises `grpo_kit.contract.errors.GenerationUnavailable` from `generate` or `update_weights`: the run
+    then saves a checkpoint of its last whole step and stops with the command that resumes it, instead of failing.
     """
 
     # True: it samples with the trained model itself, in this process, so its log-probs are the trainer's up to
@@ -287,9 +311,10 @@ PROTOCOLS = {
     "environment": Environment,
     "rollout": CustomRollout,
 }
-# What the core reads of a plugin before building it, to check a run's choices (grpo_kit/config/compatibility.py). A
-# plugin registered by import path declares these to `register` as keywords, so that composing a run imports
-# nothing of it; Registry.build checks that the built object agrees.
+# What the core reads of a plugin before building it, to check a run's choices (grpo_kit/config/compatibility.py).
+# Each has one source: a plugin registered by import path declares them to `register` as keywords, so that composing
+# a run imports nothing of it, and not on its class; Registry.build sets them on the built object, where the core
+# reads them with `declared` as it reads every other attribute. A class registered as such may carry them instead.
 TRAITS = {
     "loss": ("importance_sampling_level", "rollout_correction_levels", "accumulation_invariant"),
     "importance_sampling": ("level",),

@@ -52,9 +52,9 @@ class ScoredBatch:
         groups = torch.as_tensor(groups, dtype=torch.long)
         items = (groups.unsqueeze(1) * self.num_generations + torch.arange(self.num_generations)).view(-1)
         picked = items.tolist()
-        generated = Completions(**{
-            name: None if tensor is None else tensor[items] for name, tensor in vars(self.generated).items()
-        })
+        generated = Completions(
+            **{name: None if tensor is None else tensor[items] for name, tensor in vars(self.generated).items()}
+        )
         return replace(
             self,
             rows=[self.rows[i] for i in picked],

@@ -42,15 +42,9 @@ def constant_length_mean(per_token_loss: torch.Tensor, mask: torch.Tensor, reduc
 
 
 def global_token_mean(per_token_loss: torch.Tensor, mask: torch.Tensor, reduction: Reduction) -> torch.Tensor:
-    """Sum over active tokens divided by the active tokens of one optimizer step's share of the batch.
-
-    `num_items_in_batch` counts the whole generation batch on all processes; one process trains on
-    1 / num_processes of it, spread over steps_per_generation micro-batches of which an optimizer step takes
-    gradient_accumulation_steps. Every token then weighs the same, however the batch is split.
-    """
-    tokens = max(reduction.num_items_in_batch, 1.0) / reduction.num_processes
-    tokens = tokens * reduction.gradient_accumulation_steps / reduction.steps_per_generation
-    return (per_token_loss * mask).sum() / tokens
+    """Sum over active tokens divided by the active tokens of one optimizer step's share of the generation batch
+    (`Reduction.tokens_per_step`), so that every token weighs the same however the batch is split."""
+    return (per_token_loss * mask).sum() / reduction.tokens_per_step
 
 
 def length_weighted_sequence_mean(

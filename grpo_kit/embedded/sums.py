@@ -30,6 +30,7 @@ from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
 from grpo_kit.contract.errors import ConfigError
 from grpo_kit.embedded import tool_use as embedded_tool_use
+from grpo_kit.embedded.rows import drawn_rows, each_row
 
 CHARACTERS = "0123456789+-*= "
 PAD, EOS = "<pad>", "<eos>"
@@ -81,22 +82,17 @@ def _known(name: str, section: str) -> str:
 
 def build_task(num_examples: int, seed: int = TASK_SEED) -> list[dict]:
     """Rows with a `prompt` ("7+12=") and the `solution` ("19") that the accuracy reward checks."""
-    rng = random.Random(seed)
-    return [_row(*rng.choice(TRAINING_SUMS)) for _ in range(num_examples)]
+    return drawn_rows(TRAINING_SUMS, num_examples, seed)
 
 
 def held_out_problems() -> list[dict]:
     """Each held-out sum once: the embedded task's eval set."""
-    return [_row(a, b) for a, b in HELD_OUT_SUMS]
+    return each_row(HELD_OUT_SUMS)
 
 
 def training_problems() -> list[dict]:
     """Each sum that pretraining and training draw from, once."""
-    return [_row(a, b) for a, b in TRAINING_SUMS]
-
-
-def _row(a: int, b: int) -> dict:
-    return {"prompt": f"{a}+{b}=", "solution": str(a + b)}
+    return each_row(TRAINING_SUMS)
 
 
 def model_path(name: str = "sums") -> Path:
@@ -160,8 +156,12 @@ def _pretrain_tool_use() -> tuple[Qwen2ForCausalLM, PreTrainedTokenizerFast]:
         return text, None if decides else len(conversation[0]["content"])  # the first token of the reply
 
     model = _pretrained(
-        tokenizer, example, embedded_tool_use.PRETRAIN_STEPS, max_positions=128,
-        batch_size=embedded_tool_use.PRETRAIN_BATCH, decay=True,
+        tokenizer,
+        example,
+        embedded_tool_use.PRETRAIN_STEPS,
+        max_positions=128,
+        batch_size=embedded_tool_use.PRETRAIN_BATCH,
+        decay=True,
     )
     return model, tokenizer
 

@@ -17,6 +17,8 @@ import string
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
+from grpo_kit.embedded.rows import drawn_rows, each_row
+
 PAD, EOS = "<pad>", "<eos>"
 CALL, END_CALL, RESULT, END_RESULT = "<call>", "</call>", "<result>", "</result>"
 CHARACTERS = "".join(sorted(set(string.printable) - set(string.whitespace) | {" "}))
@@ -29,8 +31,8 @@ TRAINING_SUMS = sorted(set(EVERY_SUM) - set(HELD_OUT_SUMS))  # what pretraining 
 CALL_RATE = 0.3  # how often the pretrained model calls the tool; otherwise it guesses
 DRILL_RATE = 0.5  # pretraining conversations that teach how to call and copy, but not when to call
 RIGHT_GUESS_RATE = 0.25  # how often a guess is the right sum; otherwise a wrong sum nearby
-# At grpo_kit.embedded.sums's learning rate, falling to zero. 1500 steps, because with 1000 the model copied too few tool
-# results for the calculator run to learn (docs/agents.md).
+# At grpo_kit.embedded.sums's learning rate, falling to zero. 1500 steps, because with 1000 the model copied too few
+# tool results for the calculator run to learn (docs/agents.md).
 PRETRAIN_STEPS, PRETRAIN_BATCH = 1500, 64
 
 # Jinja, as transformers renders chat templates. Tool schemas (`tools`) are not rendered: the tiny model learns
@@ -86,22 +88,17 @@ def build_tokenizer() -> PreTrainedTokenizerFast:
 
 def build_task(num_examples: int, seed: int = TASK_SEED) -> list[dict]:
     """Rows with a chat `prompt` ([{"role": "user", "content": "12+45="}]) and the `solution` ("57")."""
-    rng = random.Random(seed)
-    return [_row(*rng.choice(TRAINING_SUMS)) for _ in range(num_examples)]
+    return drawn_rows(TRAINING_SUMS, num_examples, seed, chat=True)
 
 
 def held_out_problems() -> list[dict]:
     """Each held-out sum once: the eval set."""
-    return [_row(a, b) for a, b in HELD_OUT_SUMS]
+    return each_row(HELD_OUT_SUMS, chat=True)
 
 
 def training_problems() -> list[dict]:
     """The first 100 training problems (there are too many sums to score each)."""
     return build_task(100)
-
-
-def _row(a: int, b: int) -> dict:
-    return {"prompt": [{"role": "user", "content": f"{a}+{b}="}], "solution": str(a + b)}
 
 
 def noisy_conversation(rng: random.Random) -> tuple[list[dict], bool]:

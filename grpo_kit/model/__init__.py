@@ -1,1 +1,1 @@
-"""The model: loading, per-token log-probs, LoRA, sharding, precision; fast/ holds the CPU speed-ups."""
+"""The model: loading, the plain per-token log-probs, LoRA, sharding, precision; fast/ holds the speed-ups."""

@@ -20,6 +20,7 @@ def resolve_mixed_precision(requested: str) -> str:
     where = f"{torch.cuda.get_device_name()} has no bfloat16" if torch.cuda.is_available() else "no CUDA GPU"
     log.info(
         "trainer.mixed_precision=auto: no (float32), since %s; trainer.mixed_precision=bf16 autocasts to bfloat16 "
-        "anyway (on a CPU too, as TRL's use_cpu=True does)", where,
+        "anyway (on a CPU too, as TRL's use_cpu=True does)",
+        where,
     )
     return "no"

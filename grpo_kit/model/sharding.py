@@ -13,13 +13,13 @@ from omegaconf import DictConfig
 from torch.distributed.fsdp import FSDPModule
 
 from grpo_kit.contract.errors import ConfigError
+from grpo_kit.contract.lora import has_adapters
 from grpo_kit.model.loading import load_model, load_reference_model, mix_into_reference
-from grpo_kit.model.lora import has_adapters
 
 ACCELERATE_STATE = "accelerate"  # the checkpoint's folder of accelerator.save_state, under FSDP and DeepSpeed
 
 
-def is_sharded(accelerator: Accelerator) -> bool:
+def state_is_sharded(accelerator: Accelerator) -> bool:
     """Whether accelerate splits the weights or the optimizer state between processes (FSDP, DeepSpeed): then a
     checkpoint's model and optimizer are accelerate's own, each process writing and reading its part."""
     return accelerator.distributed_type in (DistributedType.FSDP, DistributedType.DEEPSPEED)
@@ -54,12 +54,14 @@ def configure_deepspeed(accelerator: Accelerator, t) -> None:
     if config.get("gradient_accumulation_steps", "auto") not in ("auto", 1):
         raise ConfigError(
             f"The DeepSpeed config sets gradient_accumulation_steps={config['gradient_accumulation_steps']}: set "
-            "trainer.gradient_accumulation_steps instead, and leave DeepSpeed's \"auto\" (the losses divide by the "
+            'trainer.gradient_accumulation_steps instead, and leave DeepSpeed\'s "auto" (the losses divide by the '
             "accumulation steps themselves, as TRL's do; DeepSpeed would divide once more)."
         )
     config["gradient_accumulation_steps"] = 1
-    for key, value in (("train_micro_batch_size_per_gpu", t.per_device_train_batch_size),
-                       ("gradient_clipping", t.max_grad_norm)):
+    for key, value in (
+        ("train_micro_batch_size_per_gpu", t.per_device_train_batch_size),
+        ("gradient_clipping", t.max_grad_norm),
+    ):
         if config.get(key, "auto") == "auto":
             config[key] = value
 

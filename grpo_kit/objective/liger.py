@@ -2,20 +2,21 @@
 weight, with no (B, T, V) logits, for the losses that declare a Liger equivalent.
 
 liger-kernel is optional (`pip install 'grpo-kit[liger]'`) and imported only by a run that asks for it. A loss plugin
-says which of Liger's losses it is through `liger_loss()` (grpo_kit.contract.kinds.LigerLoss); this module knows Liger's API,
-never a plugin's name. Liger computes the per-token loss, the rollout-correction ratio and the KL term in the
-objective's order; it has no entropies, so the objective's entropy features need the chunked path. Before it is
+says which of Liger's losses it is through `liger_loss()` (grpo_kit.contract.kinds.LigerLoss); this module knows
+Liger's API, never a plugin's name. Liger computes the per-token loss, the rollout-correction ratio and the KL term
+in the objective's order; it has no entropies, so the objective's entropy features need the chunked path. Before it is
 trusted with a setting (which tensors the batch has, and how the loss is divided), it is checked once, on a tiny
 random problem, against the plain objective: loss and gradients must agree, or the run uses the chunked path and
 says why.
 """
 
+import dataclasses
 import importlib.util
 from contextlib import nullcontext
 
 import torch
 
-from grpo_kit.contract.kinds import LigerLoss, declared
+from grpo_kit.contract.kinds import LigerLoss, Reduction, declared
 from grpo_kit.objective.objective import Objective, loss_mask
 
 INSTALL = "pip install 'grpo-kit[liger]' (or liger-kernel)"
@@ -50,6 +51,13 @@ def objective_reason(objective: Objective) -> str | None:
     if objective.importance_sampling.level not in LEVELS:
         return f"importance-sampling level {objective.importance_sampling.level!r} is not one of Liger's {LEVELS}"
     return None
+
+
+def liger_num_items_in_batch(reduction: Reduction) -> float:
+    """What Liger must be given so that its token normaliser (num_items_in_batch / its world size) is
+    `reduction.tokens_per_step`, what grpo_kit.contract.reductions.global_token_mean divides by."""
+    distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
+    return reduction.tokens_per_step * (torch.distributed.get_world_size() if distributed else 1)
 
 
 class FusedGRPOLoss:
@@ -92,18 +100,19 @@ class FusedGRPOLoss:
             return "the model soft-caps its logits (final_logit_softcapping), which Liger does not"
         return None
 
-    def batch_reason(self, micro_batch: dict[str, torch.Tensor], reduction: dict) -> str | None:
+    def batch_reason(self, micro_batch: dict[str, torch.Tensor], reduction: Reduction) -> str | None:
         """Why Liger's loss or gradient differs from the plain objective's in this micro-batch's setting, or None.
 
         The setting is which optional tensors the batch has, the correction ratio's shape and the reduction's
-        divisors; it is checked once, on a tiny random problem with padding, and remembered.
+        divisors but the token count, which changes with every generation batch; it is checked once, on a tiny
+        random problem with padding, and remembered.
         """
         ratio = micro_batch.get("importance_sampling_ratio")
         setting = (
             "old_per_token_logps" in micro_batch,
             "ref_per_token_logps" in micro_batch,
             None if ratio is None else ratio.shape[-1] == 1,
-            tuple(sorted(reduction.items())),
+            dataclasses.replace(reduction, num_items_in_batch=0.0),
         )
         if setting not in self.checked:
             device_type = micro_batch["completion_mask"].device.type
@@ -111,7 +120,7 @@ class FusedGRPOLoss:
                 self.checked[setting] = self._compare_on_a_probe(micro_batch, reduction)
         return self.checked[setting]
 
-    def __call__(self, hidden, weight, bias, micro_batch, reduction: dict, precision=None) -> torch.Tensor:
+    def __call__(self, hidden, weight, bias, micro_batch, reduction: Reduction, precision=None) -> torch.Tensor:
         """The micro-batch's loss (scaled as the plugin's `reduce` scales it), from (B, T, H) hidden states and the
         head's weight and bias; `precision` is the autocast the model ran its head under."""
         mask = loss_mask(micro_batch).float()
@@ -133,20 +142,11 @@ class FusedGRPOLoss:
                 ref_per_token_logps=micro_batch.get("ref_per_token_logps"),
                 old_per_token_logps=micro_batch.get("old_per_token_logps"),
                 vllm_is_ratio=ratio,
-                num_items_in_batch=self._num_items_in_batch(micro_batch, mask, reduction),
+                num_items_in_batch=liger_num_items_in_batch(reduction),
             )
         if self.spec.per_micro_batch:
-            loss = loss / reduction["gradient_accumulation_steps"]
+            loss = loss / reduction.gradient_accumulation_steps
         return loss
-
-    @staticmethod
-    def _num_items_in_batch(micro_batch, mask, reduction) -> float:
-        """What Liger must be given so that its token normaliser (num_items_in_batch / its world size) is the active
-        tokens of one optimizer step on this process, as grpo_kit.contract.reductions.global_token_mean divides by."""
-        tokens = max(float(micro_batch.get("num_items_in_batch", mask.sum())), 1.0) / reduction["num_processes"]
-        tokens = tokens * reduction["gradient_accumulation_steps"] / reduction["steps_per_generation"]
-        distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
-        return tokens * (torch.distributed.get_world_size() if distributed else 1)
 
     def _compare_on_a_probe(self, micro_batch, reduction) -> str | None:
         generator = torch.Generator().manual_seed(0)
@@ -168,8 +168,8 @@ class FusedGRPOLoss:
             "completion_mask": mask,
             "advantages": random(batch_size),
         }
-        if "num_items_in_batch" in micro_batch:
-            probe["num_items_in_batch"] = mask.sum() * 3
+        # The probe is a third of its generation batch: a loss divided by this micro-batch's own tokens is caught.
+        probe_reduction = dataclasses.replace(reduction, num_items_in_batch=float(mask.sum()) * 3)
         with torch.no_grad():
             logps, _ = self._plain_logps(head, hidden, probe["completion_ids"])
         for key in ("old_per_token_logps", "ref_per_token_logps"):
@@ -181,15 +181,17 @@ class FusedGRPOLoss:
             probe["importance_sampling_ratio"] = torch.rand(shape, generator=generator).to(device) * 1.5 + 0.5
 
         inputs = [hidden, head.weight]
-        plain = self.objective(*self._plain_logps(head, hidden, probe["completion_ids"]), probe, **reduction)
+        plain = self.objective(*self._plain_logps(head, hidden, probe["completion_ids"]), probe, probe_reduction)
         plain_grads = torch.autograd.grad(plain.loss, inputs)
         try:
-            fused = self(hidden, head.weight, None, probe, reduction)
+            fused = self(hidden, head.weight, None, probe, probe_reduction)
             fused_grads = torch.autograd.grad(fused, inputs)
         except Exception as error:  # a plugin's options Liger does not take, a level it refuses, ...
             return f"liger-kernel refused the {self.spec.loss_type!r} loss here: {error}"
-        for what, ours, liger in [("loss", plain.loss, fused), *zip(("hidden-state gradient", "head gradient"),
-                                                                   plain_grads, fused_grads)]:
+        for what, ours, liger in [
+            ("loss", plain.loss, fused),
+            *zip(("hidden-state gradient", "head gradient"), plain_grads, fused_grads),
+        ]:
             scale = ours.abs().max().item()
             if not (ours - liger).abs().max().item() <= 1e-4 * scale + 1e-6:
                 return (

@@ -91,12 +91,12 @@ class Objective:
         per_token_logps: torch.Tensor,  # (B, T), log pi_theta of the completion tokens, with gradient
         entropies: torch.Tensor,  # (B, T), with gradient when the entropy bonus is on
         batch: dict[str, torch.Tensor],
-        gradient_accumulation_steps: int = 1,
-        steps_per_generation: int = 1,
-        num_processes: int = 1,
+        reduction: Reduction | None = None,  # the generation batch's divisors; None: the batch is the whole of it
     ) -> ObjectiveOutput:
         algo = self.algorithm
         mask = loss_mask(batch).to(per_token_logps.dtype)  # (B, T)
+        if reduction is None:
+            reduction = Reduction.whole_batch(mask, self.max_completion_length)
         advantages = batch["advantages"].unsqueeze(1)  # (B, 1)
         old_per_token_logps = batch.get("old_per_token_logps")
         if old_per_token_logps is None:  # on-policy: pi_old is pi_theta, without its gradient
@@ -130,23 +130,17 @@ class Objective:
             per_token_loss = per_token_loss + algo.beta * per_token_kl
             metrics["kl"] = masked_mean(per_token_kl, mask)
 
-        reduction = Reduction(
-            num_items_in_batch=float(batch.get("num_items_in_batch", mask.sum())),
-            gradient_accumulation_steps=gradient_accumulation_steps,
-            steps_per_generation=steps_per_generation,
-            num_processes=num_processes,
-            max_completion_length=self.max_completion_length,
-        )
         loss = self.loss.reduce(per_token_loss, mask, reduction)
 
         entropy_totals = None
         if self.entropy_control.enabled:
             # A bonus on the mean entropy of the tokens that are trained, the same whatever the loss's normaliser.
-            metrics["policy_loss"] = loss * gradient_accumulation_steps  # before the bonus, on a step's scale
+            accumulation = reduction.gradient_accumulation_steps
+            metrics["policy_loss"] = loss * accumulation  # before the bonus, on a step's scale
             trained = mask if entropy_mask is None else mask * entropy_mask
             entropy_sum, count = (entropies * trained).sum(), trained.sum()
             mean_entropy = entropy_sum / count.clamp(min=1.0)
-            loss = loss - self.entropy_control.applied_coef() * mean_entropy / gradient_accumulation_steps
+            loss = loss - self.entropy_control.applied_coef() * mean_entropy / accumulation
             entropy_totals = torch.stack([entropy_sum, count.to(entropy_sum.dtype)]).detach()
         metrics["entropy"] = masked_mean(entropies, mask)
         metrics = {name: value.detach() for name, value in metrics.items()}

@@ -18,10 +18,11 @@ from collections.abc import Callable
 import torch
 
 from grpo_kit.contract.errors import ConfigError
-from grpo_kit.model.loading import (
+from grpo_kit.contract.kinds import Reduction
+from grpo_kit.model.fast.chunked_logits import chunked_logps_and_entropies
+from grpo_kit.model.logprobs import (
     OutputHead,
     RouterLoads,
-    chunked_logps_and_entropies,
     last_hidden_states,
     per_token_logps_and_entropies,
     unwrapped,
@@ -34,7 +35,7 @@ LOGITS = ("full", "chunked", "liger")
 
 
 class PolicyLoss:
-    """`policy_loss(model, micro_batch, **reduction)` -> the micro-batch's loss and metrics."""
+    """`policy_loss(model, micro_batch, reduction)` -> the micro-batch's loss and metrics."""
 
     def __init__(
         self,
@@ -67,23 +68,16 @@ class PolicyLoss:
         self,
         model: torch.nn.Module,
         micro_batch: dict[str, torch.Tensor],
-        gradient_accumulation_steps: int,
-        steps_per_generation: int,
-        num_processes: int,
+        reduction: Reduction,  # the divisors of the micro-batch's generation batch
     ) -> ObjectiveOutput:
-        reduction = dict(
-            gradient_accumulation_steps=gradient_accumulation_steps,
-            steps_per_generation=steps_per_generation,
-            num_processes=num_processes,
-        )
         self.last_path = "full" if self.logits == "full" else "chunked"
         router = RouterLoads(model) if self.router_aux_loss_coef != 0.0 else None
         if self.logits == "full":
             per_token_logps, entropies = per_token_logps_and_entropies(  # (B, T)
                 model, micro_batch, self.temperature, self.entropy_grad, router=router
             )
-            out = self.objective(per_token_logps, entropies, micro_batch, **reduction)
-            return self._with_router_loss(out, router, gradient_accumulation_steps)
+            out = self.objective(per_token_logps, entropies, micro_batch, reduction)
+            return self._with_router_loss(out, router, reduction)
         head = OutputHead(model)
         hidden = last_hidden_states(model, micro_batch, head, router)  # (B, T, H)
         if self.fused is not None:
@@ -91,13 +85,13 @@ class PolicyLoss:
             if reason is None:
                 self.last_path = "liger"
                 out = self._fused_loss(hidden, head, micro_batch, reduction)
-                return self._with_router_loss(out, router, gradient_accumulation_steps)
+                return self._with_router_loss(out, router, reduction)
             self._fall_back(reason)
         per_token_logps, entropies = chunked_logps_and_entropies(
             hidden, head, micro_batch["completion_ids"], self.temperature, self.entropy_grad, self.chunk_size
         )
-        out = self.objective(per_token_logps, entropies, micro_batch, **reduction)
-        return self._with_router_loss(out, router, gradient_accumulation_steps)
+        out = self.objective(per_token_logps, entropies, micro_batch, reduction)
+        return self._with_router_loss(out, router, reduction)
 
     def use_router_aux_loss(self, model, coef: float | None) -> None:
         """Weigh `model`'s load-balancing loss as TRL does: `coef`, or (None) the model config's own
@@ -112,11 +106,14 @@ class PolicyLoss:
         if mixture_of_experts:
             self.router_aux_loss_coef = getattr(text_config, "router_aux_loss_coef", 0.0) if coef is None else coef
 
-    def _with_router_loss(self, out: ObjectiveOutput, router: RouterLoads | None, accumulation: int) -> ObjectiveOutput:
+    def _with_router_loss(
+        self, out: ObjectiveOutput, router: RouterLoads | None, reduction: Reduction
+    ) -> ObjectiveOutput:
         if router is None:
             return out
         aux_loss = router.loss()
-        out.loss = out.loss + self.router_aux_loss_coef * aux_loss / accumulation  # scaled as the policy loss is
+        # Divided as the policy loss is, so that the step's micro-batches add up to the step's aux loss.
+        out.loss = out.loss + self.router_aux_loss_coef * aux_loss / reduction.gradient_accumulation_steps
         out.metrics["aux_loss"] = aux_loss.detach()
         return out
 
@@ -133,7 +130,7 @@ class PolicyLoss:
             per_token_logps, entropies = chunked_logps_and_entropies(
                 hidden.detach(), head, micro_batch["completion_ids"], self.temperature, chunk_size=self.chunk_size
             )
-            metrics = self.objective(per_token_logps, entropies, micro_batch, **reduction).metrics
+            metrics = self.objective(per_token_logps, entropies, micro_batch, reduction).metrics
         return ObjectiveOutput(loss, metrics, per_token_logps)
 
     def _fall_back(self, reason: str) -> None:

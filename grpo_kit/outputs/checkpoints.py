@@ -1,6 +1,6 @@
 """Checkpoints: everything a run needs to go on exactly where it stopped, written so a crash never corrupts one.
 
-A checkpoint is RUN_DIR/checkpoints/step-000123/ with the trainer's whole TrainState (grpo_kit/training/trainer.py): its
+A checkpoint is RUN_DIR/checkpoints/step-000123/ with the trainer's whole TrainState (grpo_kit/training/state.py): its
 tensors and plain data in state.pt, the run's config in config.json; or with `trainer.save_only_model` the model's
 weights only (in model/, for from_pretrained). Both hold a copy of metrics.jsonl and samples.jsonl so far, and
 manifest.json, the sha256 of every other file. It is written into a temporary folder and renamed into place, so a
@@ -42,7 +42,8 @@ PREFIX = "step-"
 MODEL = "model"  # a checkpoint's weights when it holds nothing else
 STATE = "state.pt"
 CONFIG = "config.json"
-MANIFEST = "manifest.json"  # {"sha256": {path: digest}} of every other file, written last
+MANIFEST = "manifest.json"  # {"format": FORMAT, "sha256": {path: digest}} of every other file, written last
+FORMAT = 2  # how state.pt lays out the TrainState; a checkpoint of another format cannot be resumed
 LOCK = ".lock"  # RUN_DIR/.lock, locked by the run that uses the directory and holding its pid
 
 
@@ -93,7 +94,7 @@ def write_weights(folder: Path, model, weights: dict, tokenizer) -> None:
 def write_manifest(folder: Path) -> None:
     files = sorted(path for path in folder.rglob("*") if path.is_file() and path.name != MANIFEST)
     checksums = {path.relative_to(folder).as_posix(): sha256(path) for path in files}
-    (folder / MANIFEST).write_text(json.dumps({"sha256": checksums}, indent=1))
+    (folder / MANIFEST).write_text(json.dumps({"format": FORMAT, "sha256": checksums}, indent=1))
 
 
 def sha256(path: Path) -> str:
@@ -107,11 +108,15 @@ def sha256(path: Path) -> str:
 def damage(checkpoint: Path) -> str | None:
     """Why `checkpoint` is no longer as it was written, or None when every file matches its manifest."""
     try:
-        checksums = json.loads((checkpoint / MANIFEST).read_text())["sha256"]
+        manifest = json.loads((checkpoint / MANIFEST).read_text())
+        checksums = manifest["sha256"]
     except FileNotFoundError:
         return f"it has no {MANIFEST}, so its files cannot be checked (a grpo_kit older than checksums wrote it)"
     except (ValueError, KeyError, TypeError) as error:
         return f"its {MANIFEST} is unreadable ({error})"
+    if manifest.get("format", 1) != FORMAT:
+        return (f"an earlier grpo_kit wrote it, whose checkpoints lay out the training state otherwise (format "
+                f"{manifest.get('format', 1)}; this version reads format {FORMAT}): resume it with the version that saved it")
     for name, expected in checksums.items():
         if not (checkpoint / name).is_file():
             return f"{name} is missing"
@@ -342,7 +347,8 @@ def restore_run_files(checkpoint: Path, run_dir: Path) -> None:
 
 # Settings that may change between a run and its resumption without changing what it computes.
 RESUMABLE_CHANGES = {
-    "trainer.resume", "trainer.resume_force", "trainer.progress_bar", "model.logits", "model.logits_chunk_size"
+    "trainer.resume", "trainer.resume_force", "trainer.progress_bar", "model.logits", "model.logits_chunk_size",
+    "model.mask_free_passes", "model.length_groups", "model.cpu_chunked_attention",
 }
 
 

@@ -76,7 +76,7 @@ def describe(plugin: Plugin) -> InstalledPlugin:
 
 
 def import_path(klass: type) -> str | None:
-    """"package.module:Name" when importing that gives `klass` back. The registry makes a config for a plugin
+    """ "package.module:Name" when importing that gives `klass` back. The registry makes a config for a plugin
     registered without one (dataclasses.make_dataclass), which no import path reaches: None, not a made-up path."""
     path = qualified_name(klass)
     module_name, _, qualname = path.partition(":")

@@ -60,7 +60,7 @@ class Plugin:
 
     @property
     def implementation_path(self) -> str:
-        """"package.module:Name", known without importing the implementation."""
+        """ "package.module:Name", known without importing the implementation."""
         return self.target if isinstance(self.target, str) else qualified_name(self.target)
 
     @functools.cached_property
@@ -107,7 +107,8 @@ class PluginManager(pluggy.PluginManager):
         """`distribution`: "grpo-kit-losses 0.1.0" or "local module mylab.losses"; its name is what @ matches."""
         source = _source(distribution)
         return any(
-            entry in self.disabled_names for entry in (name, f"{kind}:{name}", f"{name}@{source}", f"{kind}:{name}@{source}")
+            entry in self.disabled_names
+            for entry in (name, f"{kind}:{name}", f"{name}@{source}", f"{kind}:{name}@{source}")
         )
 
 
@@ -198,7 +199,8 @@ class Registry:
         if existing is not None:
             raise PluginError(
                 f"Two {kind} plugins are named {name!r}: one from {existing.distribution}, one from {distribution}. "
-                f"Uninstall one of them, or block one with GRPO_KIT_DISABLE_PLUGINS={kind}:{name}@{_source(distribution)} "
+                f"Uninstall one of them, or block one with "
+                f"GRPO_KIT_DISABLE_PLUGINS={kind}:{name}@{_source(distribution)} "
                 f"(or {kind}:{name}@{_source(existing.distribution)})."
             )
         traits = _traits(where, kind, implementation, declared_traits)
@@ -219,25 +221,32 @@ class Registry:
         except KeyError:
             installed = ", ".join(self.names(kind)) or "none"
             broken = "".join(
-                f" It may come from a distribution that failed to load: {why}." for why in self.plugin_manager.broken.values()
+                f" It may come from a distribution that failed to load: {why}."
+                for why in self.plugin_manager.broken.values()
             )
             raise PluginError(
                 f"No {kind} plugin named {name!r} is installed (installed: {installed}). "
-                f"Is the distribution that provides it installed in this environment? `grpo-kit plugins` lists them.{broken}"
+                f"Is the distribution that provides it installed in this environment? `grpo-kit plugins` lists "
+                f"them.{broken}"
             ) from None
 
     def build(self, kind: str, name: str, options: Any) -> Any:
         """The plugin's object, built with its typed config (a reward function comes back bound to its options).
 
-        `options` is a config instance, or option values (`grpo_kit.config.compose.options(node)`), from which the config
-        dataclass is built as Hydra types it: nested dataclasses become instances of their classes, not dicts.
+        `options` is a config instance, or option values (`grpo_kit.config.compose.options(node)`), from which the
+        config dataclass is built as Hydra types it: nested dataclasses become instances of their classes, not dicts.
         """
         plugin = self.get(kind, name)
         config = options if isinstance(options, plugin.config) else self.config_instance(kind, name, options)
+        if isinstance(plugin.target, str):
+            _refuse_attribute_traits(plugin)
         if not inspect.isclass(plugin.implementation):
-            return _bind_options(plugin.implementation, config)
-        built = plugin.implementation(config) if _takes_config(plugin.implementation) else plugin.implementation()
-        _check_traits(plugin, built)
+            built = _bind_options(plugin.implementation, config)
+        else:
+            built = plugin.implementation(config) if _takes_config(plugin.implementation) else plugin.implementation()
+        # The registration is where a trait is declared: the object has what the run was checked with.
+        for trait, value in plugin.traits.items():
+            setattr(built, trait, value)
         if kind == "hook":
             _check_hook_methods(plugin, built)
         return built
@@ -259,19 +268,38 @@ class Registry:
 
 
 def _traits(where: str, kind: str, implementation: Any, declared: dict) -> dict:
-    """The TRAITS of a plugin of `kind`: as declared to `register`, else as its class says, else the default."""
+    """The TRAITS of a plugin of `kind`: as declared to `register`, or, for an implementation registered as such, as
+    its attributes say; else the default. One source each: a trait declared both ways is an error."""
     defaults = TRAITS.get(kind, {})
     unknown = sorted(set(declared) - set(defaults))
     if unknown:
         known = f"a {kind} plugin declares only {', '.join(defaults)}" if defaults else f"a {kind} plugin has none"
         raise PluginError(f"The {where} is registered with {', '.join(unknown)}, which is no trait: {known}.")
-    if not isinstance(implementation, str):  # imported already: read, not guessed
-        defaults = {trait: getattr(implementation, trait, default) for trait, default in defaults.items()}
-    return {**defaults, **declared}
+    if isinstance(implementation, str):  # not imported: only the registration can say
+        return {**defaults, **declared}
+    attributes = _attribute_traits(kind, implementation)
+    twice = sorted(set(attributes) & set(declared))
+    if twice:
+        raise PluginError(
+            f"The {where} declares {', '.join(twice)} twice: to `register`, and as attributes of "
+            f"{qualified_name(implementation)}. Declare each trait once: remove the attributes, or the keywords."
+        )
+    return {**defaults, **attributes, **declared}
+
+
+def _attribute_traits(kind: str, implementation: Any) -> dict:
+    """The traits `implementation` sets as attributes, itself or through a base class other than its kind's protocol
+    (whose defaults are no declaration)."""
+    owners = implementation.__mro__ if inspect.isclass(implementation) else (implementation,)
+    return {
+        trait: getattr(implementation, trait)
+        for trait in TRAITS.get(kind, {})
+        if any(trait in getattr(owner, "__dict__", {}) for owner in owners if owner is not PROTOCOLS[kind])
+    }
 
 
 def qualified_name(obj: Any) -> str:
-    """"package.module:QualifiedName" of a class, a function, or an instance's class."""
+    """ "package.module:QualifiedName" of a class, a function, or an instance's class."""
     module = getattr(obj, "__module__", None) or "?"
     return f"{module}:{getattr(obj, '__qualname__', type(obj).__qualname__)}"
 
@@ -287,16 +315,18 @@ def _takes_config(cls: type) -> bool:
     return bool(inspect.signature(cls).parameters)
 
 
-def _check_traits(plugin: Plugin, built: Any) -> None:
-    """The run was composed with the traits the plugin registered: the built object must have the same ones."""
-    for trait, registered in plugin.traits.items():
-        actual = getattr(built, trait, TRAITS[plugin.kind][trait])
-        if actual != registered:
-            raise PluginError(
-                f"The {plugin.kind} plugin {plugin.name!r} (from {plugin.distribution}) is registered with "
-                f"{trait}={registered!r}, but {plugin.implementation_path} has {trait}={actual!r}: make its "
-                f"`register` call say {trait}={actual!r}."
-            )
+def _refuse_attribute_traits(plugin: Plugin) -> None:
+    """A plugin registered by import path has its traits from `register` alone: the run was composed and checked
+    before its class was imported, so a trait the class sets as well would be a second, unread declaration."""
+    attributes = _attribute_traits(plugin.kind, plugin.implementation)
+    if attributes:
+        keywords = ", ".join(f"{trait}={value!r}" for trait, value in attributes.items())
+        raise PluginError(
+            f"The {plugin.kind} plugin {plugin.name!r} (from {plugin.distribution}) is registered by its import path, "
+            f"so its traits are declared to `register` alone, but {plugin.implementation_path} sets "
+            f"{', '.join(attributes)} as attributes: remove them from the class, and declare to `register` those that "
+            f"differ from the default ({keywords})."
+        )
 
 
 def _check_hook_methods(plugin: Plugin, hook: Any) -> None:

@@ -56,8 +56,17 @@ def write_report(sweep_dir: Path, plots: bool = True, baseline: str | None = Non
 
     report = sweep_dir / "report.md"
     text = markdown.render(
-        sweep_dir, sweep_name(sweep_dir), variants, shared, run_rows, variant_rows, figures, all_zero, notes,
-        comparison, paired_figures,
+        sweep_dir,
+        sweep_name(sweep_dir),
+        variants,
+        shared,
+        run_rows,
+        variant_rows,
+        figures,
+        all_zero,
+        notes,
+        comparison,
+        paired_figures,
     )
     report.write_text(text)
     return [report, *written, *figures, *paired_figures]

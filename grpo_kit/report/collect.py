@@ -1,6 +1,6 @@
 """Reading a sweep directory: which subfolders are runs, and what each run's files say.
 
-A run directory is what `python -m grpo_kit` writes (grpo_kit/training/trainer.py and Hydra): `config.yaml` (the resolved
+A run directory is what `python -m grpo_kit` writes (grpo_kit/training/loop.py and Hydra): `config.yaml` (the resolved
 config), `metrics.jsonl` (one JSON object per logged step), `.hydra/overrides.yaml` (the command line of this
 run), and `error.txt` when the run raised inside a sweep (grpo_kit/cli/main.py). This module only reads files: it
 never loads a model or runs the trainer, so a report is quick to make of a sweep that is still going.
@@ -241,4 +241,3 @@ def _nanmean(values) -> float:
 def _natural_key(name: str):
     """Run 2 before run 10: Hydra numbers a sweep's runs 0, 1, ..., 10 without padding."""
     return [(0, int(part), "") if part.isdigit() else (1, 0, part) for part in re.split(r"(\d+)", name) if part]
-

@@ -19,7 +19,14 @@ from grpo_kit.report.tables import Variant, mean_and_std
 # What the objective can change under replay: its own metrics and what the policy does on the eval set, not the
 # rollouts' (reward, lengths). Of the eval metrics, the two a person reads: the others repeat them.
 COMPARED = (
-    "loss", "kl", "entropy", "clip_ratio/*", "*_clip_ratio", "grad_norm", "eval/reward", "eval/completions/mean_length"
+    "loss",
+    "kl",
+    "entropy",
+    "clip_ratio/*",
+    "*_clip_ratio",
+    "grad_norm",
+    "eval/reward",
+    "eval/completions/mean_length",
 )
 COLUMNS = ["variant", "metric", "step", "mean_diff", "std_diff", "n_seeds"]
 
@@ -93,8 +100,14 @@ class PairedComparison:
                 values = difference.at(step)
                 mean, std = mean_and_std(values)
                 rows.append(
-                    {"variant": difference.variant, "metric": difference.metric, "step": step, "mean_diff": mean,
-                     "std_diff": std, "n_seeds": len(values)}
+                    {
+                        "variant": difference.variant,
+                        "metric": difference.metric,
+                        "step": step,
+                        "mean_diff": mean,
+                        "std_diff": std,
+                        "n_seeds": len(values),
+                    }
                 )
         return rows
 

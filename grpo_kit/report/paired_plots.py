@@ -47,12 +47,19 @@ def draw_paired_figures(paired: PairedComparison, variants: list[Variant], subti
                 low, high = np.array([min(v) for v in at_step]), np.array([max(v) for v in at_step])  # (steps,)
                 ax.fill_between(steps, low, high, color=colour, alpha=0.18, linewidth=0)
             ax.plot(
-                steps, [np.mean(v) for v in at_step], color=colour, linewidth=1.8,
-                label=f"{difference.variant}  (n={len(difference.by_pair)})", **point_markers(steps),
+                steps,
+                [np.mean(v) for v in at_step],
+                color=colour,
+                linewidth=1.8,
+                label=f"{difference.variant}  (n={len(difference.by_pair)})",
+                **point_markers(steps),
             )
         seeds = seeds_note(len(difference.by_pair) for difference in differences)
         titles(
-            fig, ax, f"{metric}: difference vs {paired.baseline} (frozen rollouts)", subtitle,
+            fig,
+            ax,
+            f"{metric}: difference vs {paired.baseline} (frozen rollouts)",
+            subtitle,
             f"{seeds}; each variant minus the baseline at the same step, seed and rollouts; lines: mean over seeds; "
             "bands: min-max over seeds; raw per-step values",
         )

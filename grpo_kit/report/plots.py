@@ -221,8 +221,9 @@ def _final_reward_figure(variants, colour_of, subtitle):
 
     rows.sort(key=lambda row: np.mean(row[1]))
     every_final = [final for _, finals, _ in rows for final in finals]
-    whiskers = [np.mean(finals) + side * np.std(finals, ddof=1) for _, finals, _ in rows if len(finals) > 1
-                for side in (-1, 1)]
+    whiskers = [
+        np.mean(finals) + side * np.std(finals, ddof=1) for _, finals, _ in rows if len(finals) > 1 for side in (-1, 1)
+    ]
     low, high = min(0.0, *every_final, *whiskers), max(1.0, *every_final, *whiskers)
     fig = MatplotlibFigure(figsize=(10, max(2.8, 0.45 * len(rows) + 1.8)), dpi=110)
     ax = fig.subplots()
@@ -232,16 +233,20 @@ def _final_reward_figure(variants, colour_of, subtitle):
             ax.errorbar(mean, position, xerr=np.std(finals, ddof=1), color="0.2", capsize=4, linewidth=1, zorder=2)
         ax.scatter(finals, [position] * len(finals), color=colour, edgecolor="black", linewidth=0.5, s=30, zorder=3)
         ax.scatter([mean], [position], marker="|", color="black", s=400, linewidth=2.5, zorder=4)
-        ax.annotate(f"{mean:.3f}", (mean, position), xytext=(0, 9), textcoords="offset points", ha="center",
-                    fontsize=8)
+        ax.annotate(f"{mean:.3f}", (mean, position), xytext=(0, 9), textcoords="offset points", ha="center", fontsize=8)
     ax.set_yticks(range(len(rows)), [f"{label}  (n={len(finals)})" for label, finals, _ in rows], fontsize=8)
     ax.set_ylim(-0.7, len(rows) - 0.3)
     margin = 0.03 * (high - low)  # so that a dot at 0 or 1 is not cut in half by the frame
     ax.set_xlim(low - margin, high + margin)
     ax.set_xlabel("final reward (mean reward of the last tenth of the logged steps)")
     seeds = seeds_note(len(finals) for _, finals, _ in rows)
-    titles(fig, ax, "Final reward per variant", subtitle,
-           f"completed runs: {seeds}; dots: seeds; black bar: their mean; whiskers: +/- std")
+    titles(
+        fig,
+        ax,
+        "Final reward per variant",
+        subtitle,
+        f"completed runs: {seeds}; dots: seeds; black bar: their mean; whiskers: +/- std",
+    )
     ax.grid(True, axis="x", alpha=0.3)
     fig.tight_layout()
     return fig

@@ -12,9 +12,19 @@ from pathlib import Path
 from grpo_kit.report.collect import Run
 
 RUN_COLUMNS = [
-    "run", "variant", "seed", "status", "reward_failed_steps", "final_reward", "best_reward", "eval_reward", "steps",
-    "wall_time_s", "tokens_per_s",
-    "overrides", "error",
+    "run",
+    "variant",
+    "seed",
+    "status",
+    "reward_failed_steps",
+    "final_reward",
+    "best_reward",
+    "eval_reward",
+    "steps",
+    "wall_time_s",
+    "tokens_per_s",
+    "overrides",
+    "error",
 ]
 # Each summary number of a variant is the mean and the std over its completed runs (its seeds).
 SUMMARIES = ["final_reward", "best_reward", "eval_reward", "wall_time_s", "tokens_per_s"]

@@ -43,8 +43,9 @@ def check_reward_columns(rewards: dict, dataset: datasets.Dataset, options: dict
     for name, reward in rewards.items():
         missing = sorted(set(required_columns(reward)) - available)
         if missing:
-            settings = [f"reward.{name}.{option}" for option, value in (options or {}).get(name, {}).items()
-                        if value in missing]
+            settings = [
+                f"reward.{name}.{option}" for option, value in (options or {}).get(name, {}).items() if value in missing
+            ]
             fix = f"Set {' or '.join(settings)} to the column that holds it, add" if settings else "Add"
             raise ConfigError(
                 f"Reward {name!r} needs the dataset column(s) {', '.join(missing)}, which the dataset lacks (its "

@@ -34,7 +34,9 @@ def load_eval_prompts(cfg: EvalConfig, data: DataConfig) -> datasets.Dataset | N
             "name the eval file with eval.path=FILE instead."
         )
     else:
-        source = DataConfig(path=cfg.path or data.path, name=None if cfg.path else data.name, split=cfg.split or "train")
+        source = DataConfig(
+            path=cfg.path or data.path, name=None if cfg.path else data.name, split=cfg.split or "train"
+        )
         dataset = load_prompts(source, setting="eval.path" if cfg.path else "data.path")
     return dataset.select(range(min(cfg.num_examples, len(dataset))))
 
@@ -44,7 +46,13 @@ class Evaluator:
     when `stopping()` turns true before the last batch."""
 
     def __init__(
-        self, prompts: datasets.Dataset, rollout: Rollout, cfg: EvalConfig, seed: int, last_step: int, accelerator,
+        self,
+        prompts: datasets.Dataset,
+        rollout: Rollout,
+        cfg: EvalConfig,
+        seed: int,
+        last_step: int,
+        accelerator,
         stopping: Callable[[], bool] = lambda: False,
     ):
         self.rollout, self.seed, self.last_step, self.accelerator = rollout, seed, last_step, accelerator

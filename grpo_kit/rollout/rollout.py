@@ -24,6 +24,16 @@ from grpo_kit.rollout.tool_use import ToolUse
 
 
 @dataclass
+class Rollouts:
+    """A generation batch of this process as the rollout leaves it."""
+
+    scored: ScoredBatch
+    advantages: torch.Tensor  # (N,)
+    tensors: dict[str, torch.Tensor]  # what the objective reads: prompt and completion ids and masks, advantages
+    metrics: dict[str, float]  # of the whole batch, every process's
+
+
+@dataclass
 class Rollout:
     sampler: PromptSampler
     generation: Generation
@@ -35,16 +45,17 @@ class Rollout:
     mask_truncated_completions: bool
     hooks: object  # the plugin manager's hook caller
     accelerator: Any  # gathers across processes
-    eos_token_ids: list[int]  # every token that ends a completion (grpo_kit.contract.eos: the model's and the tokenizer's)
+    eos_token_ids: list[
+        int
+    ]  # every token that ends a completion (grpo_kit.contract.eos: the model's and the tokenizer's)
     with_logprobs: bool = False  # ask the backend for the sampler's log-probs (for a rollout correction)
     replay: RolloutReplay | None = None  # frozen rollouts to train on instead of generating
     recorder: RolloutRecorder | None = None  # saves every scored batch
     tool_use: ToolUse | None = None  # multi-turn generation with tools (+environment=NAME, tools=[...])
     custom: CustomRollout | None = None  # a rollout plugin's generation instead (+rollout=NAME)
 
-    def __call__(self, run: Run, num_prompts: int) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
-        """This process's next `num_prompts` prompts as a generation batch: tensors for the objective, and the
-        metrics of the whole batch (every process's)."""
+    def __call__(self, run: Run, num_prompts: int) -> "Rollouts":
+        """This process's next `num_prompts` prompts, generated, scored and given their advantages."""
         if self.replay is not None:
             scored = self.replay.next()
         else:
@@ -58,8 +69,7 @@ class Rollout:
         )
         if self.recorder is not None:
             self.recorder.save(scored, advantages)
-        self.last = (scored, advantages)  # for the sample log
-        return self._tensors(scored, advantages), self._metrics(scored, every_reward)
+        return Rollouts(scored, advantages, self._tensors(scored, advantages), self._metrics(scored, every_reward))
 
     def _scored_and_filtered(self, run: Run, num_prompts: int) -> ScoredBatch:
         scored = self._draw(num_prompts)
@@ -145,7 +155,11 @@ class Rollout:
         rewards = weighted_rewards(rewards_per_func, self.reward_weights)  # (N x processes,)
         group_std = nanstd(rewards.view(-1, self.num_generations), dim=1).nan_to_num(0.0)
         generated = scored.generated
-        written = generated.completion_mask if generated.tool_mask is None else generated.completion_mask * generated.tool_mask
+        written = (
+            generated.completion_mask
+            if generated.tool_mask is None
+            else generated.completion_mask * generated.tool_mask
+        )
         lengths = gather(written.sum(dim=1).float())  # the tokens the model wrote, as TRL counts them
         metrics = {
             "reward": rewards.nanmean().item(),

@@ -136,8 +136,13 @@ class Scorer:
     def score(self, prompts: list, completions: list, completion_ids: list[list[int]], columns: dict) -> Scores:
         logs = RewardLogs()  # this batch's own: a reward abandoned after the timeout that logs later changes nothing
         arguments = {
-            "prompts": prompts, "completions": completions, "completion_ids": completion_ids, **columns,
-            "trainer_state": self.trainer_state, "log_extra": logs.log_extra, "log_metric": logs.log_metric,
+            "prompts": prompts,
+            "completions": completions,
+            "completion_ids": completion_ids,
+            **columns,
+            "trainer_state": self.trainer_state,
+            "log_extra": logs.log_extra,
+            "log_metric": logs.log_metric,
         }
         calls = [call for name in self.rewards for call in self._start(name, arguments, len(completions))]
         concurrent.futures.wait([call.future for call in calls], timeout=self.timeout)
@@ -255,7 +260,11 @@ class Scorer:
         log.warning(
             "Reward %r %s: its completions score None (no opinion) in this batch and the run goes on. Later "
             "failures of %r are not logged again; rewards/%s/failures counts them.",
-            name, cause, name, name, exc_info=error,
+            name,
+            cause,
+            name,
+            name,
+            exc_info=error,
         )
 
     def _no_opinion(self, name: str) -> None:
@@ -266,7 +275,9 @@ class Scorer:
             "Reward %r returned None (no opinion) for every completion of a batch. A completion that no reward "
             "scores has advantage 0: if no reward scores a batch, its step trains on nothing (reward null, loss 0). "
             "Later such batches of %r are not logged again; rewards/%s/mean is null for them.",
-            name, name, name,
+            name,
+            name,
+            name,
         )
 
 
@@ -349,4 +360,3 @@ def _checked(name: str, values, rows: list[int]) -> list[float]:
         else:
             checked.append(float(value))
     return checked
-

@@ -7,9 +7,9 @@ writes their results after it. A completion stops at a turn without tool calls, 
 `algorithm.max_tool_calling_iterations` rounds of calls, or at `generation.max_completion_length` tokens in all.
 
 What the model wrote and what the tools wrote end up in one completion, the tools' tokens marked 0 in
-`tool_mask`: the model reads them, the loss and its token counts do not (grpo_kit/objective/objective.py: loss_mask). The
-sampler's log-probs of tool tokens are 0, and masked too. Everything goes through the generation backend's
-`generate` with token ids, so every backend runs multi-turn rollouts.
+`tool_mask`: the model reads them, the loss and its token counts do not (grpo_kit/objective/objective.py:
+loss_mask). The sampler's log-probs of tool tokens are 0, and masked too. Everything goes through the generation
+backend's `generate` with token ids, so every backend runs multi-turn rollouts.
 
 As TRL's GRPOTrainer (`tools`, `environment_factory`, `max_tool_calling_iterations`), with two choices of ours:
 a turn cut off by the length limit has its (unfinished) tool calls ignored, and each tool call has a timeout.
@@ -45,9 +45,18 @@ class ToolUse:
     """Runs the tool-calling loop for a run; `tools` are plain functions, `environment` builds one environment per
     completion (None without one)."""
 
-    def __init__(self, tokenizer, generation, accelerator, tools: list[Callable], environment: Callable | None,
-                 max_completion_length: int, max_iterations: int | None, timeout: float,
-                 eos_token_ids: list[int]):
+    def __init__(
+        self,
+        tokenizer,
+        generation,
+        accelerator,
+        tools: list[Callable],
+        environment: Callable | None,
+        max_completion_length: int,
+        max_iterations: int | None,
+        timeout: float,
+        eos_token_ids: list[int],
+    ):
         self.tokenizer, self.generation, self.accelerator = tokenizer, generation, accelerator
         self.eos_token_ids = eos_token_ids  # a turn ends at any of them (grpo_kit.contract.eos), as the backend stops
         self.tools, self.environment = tools, environment
@@ -58,7 +67,9 @@ class ToolUse:
 
     def __call__(self, rows: list[dict], with_logprobs: bool) -> Turns:
         toolboxes, prompts = self._reset(rows)
-        prompt_ids = [render(self.tokenizer, prompt, box, generation_prompt=True) for prompt, box in zip(prompts, toolboxes)]
+        prompt_ids = [
+            render(self.tokenizer, prompt, box, generation_prompt=True) for prompt, box in zip(prompts, toolboxes)
+        ]
         n = len(rows)
         ids, tool_mask, logps = [[] for _ in range(n)], [[] for _ in range(n)], [[] for _ in range(n)]
         messages: list[list[dict]] = [[] for _ in range(n)]
@@ -77,7 +88,9 @@ class ToolUse:
                 messages[row].append(message)
                 if message.get("tool_calls") and ended and rounds < self.max_iterations:
                     asking.append(row)
-            results = run_tool_calls([(messages[row][-1]["tool_calls"], toolboxes[row]) for row in asking], self.timeout)
+            results = run_tool_calls(
+                [(messages[row][-1]["tool_calls"], toolboxes[row]) for row in asking], self.timeout
+            )
             active = []
             for row, (tool_messages, failed) in zip(asking, results):
                 calls[row] += len(tool_messages)
@@ -91,7 +104,9 @@ class ToolUse:
                 logps[row] += [0.0] * len(suffix)
                 active.append(row)
             rounds += 1
-        return Turns(prompt_ids, messages, self._completions(ids, tool_mask, logps if with_logprobs else None, calls, failures))
+        return Turns(
+            prompt_ids, messages, self._completions(ids, tool_mask, logps if with_logprobs else None, calls, failures)
+        )
 
     def _reset(self, rows: list[dict]) -> tuple[list[dict[str, Callable]], list[list[dict]]]:
         """Each completion's tools, and its prompt with the observation its environment's reset returned."""
@@ -99,7 +114,8 @@ class ToolUse:
         for row in rows:
             if not is_conversational(row["prompt"]):
                 raise ConfigError(
-                    f"Tools need chat-message prompts, and this dataset's prompt is text ({str(row['prompt'])[:60]!r}): "
+                    f"Tools need chat-message prompts, and this dataset's prompt is text "
+                    f"({str(row['prompt'])[:60]!r}): "
                     "give `prompt` as a list of {role, content} messages."
                 )
             prompts.append(copy.deepcopy(row["prompt"]))
@@ -165,7 +181,10 @@ def environment_tools(environment) -> list[Callable]:
 
 def render(tokenizer, messages: list[dict], tools: dict[str, Callable], generation_prompt: bool) -> list[int]:
     return tokenizer.apply_chat_template(
-        messages, tools=list(tools.values()) or None, add_generation_prompt=generation_prompt, tokenize=True,
+        messages,
+        tools=list(tools.values()) or None,
+        add_generation_prompt=generation_prompt,
+        tokenize=True,
         return_dict=False,
     )
 
@@ -202,7 +221,9 @@ def tool_result_ids(tokenizer, conversation: list[dict], tool_messages: list[dic
     return after[len(before) :]
 
 
-def run_tool_calls(requests: list[tuple[list[dict], dict[str, Callable]]], timeout: float) -> list[tuple[list[dict], int]]:
+def run_tool_calls(
+    requests: list[tuple[list[dict], dict[str, Callable]]], timeout: float
+) -> list[tuple[list[dict], int]]:
     """For each completion's (tool calls, tools): the tool messages, and how many calls failed. Completions run
     concurrently, the calls of one completion one after another (they may share an environment's state)."""
 
@@ -283,7 +304,9 @@ def tool_functions(paths: list[str]) -> list[Callable]:
         try:
             function = getattr(importlib.import_module(module_name), attribute)
         except (ImportError, AttributeError, ValueError) as error:
-            raise ConfigError(f"tools={path}: could not import it ({error}). Write tools=[package.module:function].") from None
+            raise ConfigError(
+                f"tools={path}: could not import it ({error}). Write tools=[package.module:function]."
+            ) from None
         check_tool(function, f"tools={path}")
         functions.append(function)
     return functions

@@ -11,7 +11,8 @@ The subject is one of:
 - `plugin_name = "NAME"`: the installed plugin of that name, exactly as a run builds it;
 - `plugin_names = ["a", "b"]`: several installed plugins, the whole suite once for each (test ids are the names);
 - `implementation = MyLoss` and `config = MyConfig` (a class or an instance): a plugin that is not installed yet,
-  registered under `plugin_name` (or the implementation's name) through the same registration path.
+  registered under `plugin_name` (or the implementation's name) through the same registration path, with the
+  traits its `register` call will declare (`traits = {"accumulation_invariant": True}`).
 
 `options = {...}` sets config fields (a field without a default must be set here). Options that need a fixture
 (a model folder, say) come from overriding the class-scoped fixture `plugin_options`. `assert_contracts_cover`
@@ -101,6 +102,7 @@ class PluginContract:
     plugin_names: ClassVar[Sequence[str]] = ()
     implementation: ClassVar[Any] = None
     config: ClassVar[Any] = None  # the config dataclass, or an instance of it
+    traits: ClassVar[dict] = {}  # with `implementation`: what its registration declares (accumulation_invariant=...)
     options: ClassVar[dict] = {}
 
     # --- how the subject is found and built ---
@@ -121,7 +123,7 @@ class PluginContract:
     def _find_contract_cases(cls) -> list[ContractCase]:
         if cls.implementation is not None:
             name = cls.plugin_name or getattr(cls.implementation, "__name__", "plugin_under_test")
-            registry = _registry_of_one(cls.kind, name, cls.implementation, cls._config_class())
+            registry = _registry_of_one(cls.kind, name, cls.implementation, cls._config_class(), cls.traits)
             return [ContractCase(registry, cls.kind, name)]
         names = list(cls.plugin_names) or ([cls.plugin_name] if cls.plugin_name else [])
         if not names:
@@ -162,8 +164,9 @@ class PluginContract:
 
     def test_config_round_trips_through_hydra(self, contract_case, plugin_config):
         """The config takes a run's way: stored in Hydra's ConfigStore, composed with `+KIND=NAME`, set as the
-        command line sets it, read with `grpo_kit.config.compose.options` and typed by the registry. Every field must be a
-        type OmegaConf can hold, and the plugin must be built with the values set, nested dataclasses included."""
+        command line sets it, read with `grpo_kit.config.compose.options` and typed by the registry. Every field
+        must be a type OmegaConf can hold, and the plugin must be built with the values set, nested dataclasses
+        included."""
         kind, name = contract_case.kind, contract_case.name
         cfg = hydra_composition([f"+{kind}={name}"], contract_case.registry)
         if cfg.generation is None:  # a run always has a backend, whose options a default may interpolate
@@ -217,7 +220,9 @@ _TORCH_CHECK = textwrap.dedent("""
 def _what_imports_torch(module: str) -> str | None:
     """What, in a fresh process, imports torch: importing `module`, or registering its plugins; None: neither."""
     environment = {**os.environ, "PYTHONPATH": os.pathsep.join(path for path in sys.path if path)}  # local modules too
-    child = subprocess.run([sys.executable, "-c", _TORCH_CHECK, module], capture_output=True, text=True, env=environment)
+    child = subprocess.run(
+        [sys.executable, "-c", _TORCH_CHECK, module], capture_output=True, text=True, env=environment
+    )
     if child.returncode != 0:
         raise AssertionError(f"Registering the plugins of {module} in a fresh process failed:\n{child.stderr}")
     found = json.loads(child.stdout.splitlines()[-1])
@@ -228,13 +233,13 @@ def _what_imports_torch(module: str) -> str | None:
     return None
 
 
-def _registry_of_one(kind: str, name: str, implementation, config) -> Registry:
+def _registry_of_one(kind: str, name: str, implementation, config, traits: dict) -> Registry:
     """A registry holding only `implementation`, registered through a plugin module as an entry point would be."""
     if kind not in REGISTER_HOOK_OF_KIND:
         raise TypeError(f"Unknown plugin kind {kind!r}: one of {', '.join(KINDS)}.")
 
     def register_one(register):
-        register(name, implementation, config)
+        register(name, implementation, config, **traits)
 
     module = types.SimpleNamespace(**{REGISTER_HOOK_OF_KIND[kind]: hookimpl(register_one)})
     pm = plugin_manager(autoload=False, local_modules=[], disabled=[])
@@ -306,12 +311,23 @@ class LossContract(PluginContract):
     kind = "loss"
     required_metrics: ClassVar[Sequence[str]] = ()
 
-    def evaluate(self, loss, per_token_logps, old_per_token_logps, advantages, mask, level, rollout_ratio=None,
-                 accumulation=1, num_items_in_batch=None):
+    def evaluate(
+        self,
+        loss,
+        per_token_logps,
+        old_per_token_logps,
+        advantages,
+        mask,
+        level,
+        rollout_ratio=None,
+        accumulation=1,
+        num_items_in_batch=None,
+    ):
         """The loss as the core's objective applies it: weights -> per-token loss -> correction -> reduction."""
         log_ratio = per_token_logps - old_per_token_logps
-        inputs = LossInputs(_log_weights(log_ratio, mask, level), log_ratio, advantages, per_token_logps, mask,
-                            rollout_ratio)
+        inputs = LossInputs(
+            _log_weights(log_ratio, mask, level), log_ratio, advantages, per_token_logps, mask, rollout_ratio
+        )
         per_token_loss, metrics = loss.per_token_loss(inputs)
         if rollout_ratio is not None and not declared(loss, "loss", "consumes_rollout_ratio"):
             per_token_loss = per_token_loss * rollout_ratio
@@ -391,10 +407,17 @@ class LossContract(PluginContract):
                 padded_ratio = ratio
                 if ratio is not None and ratio.shape == mask.shape:
                     padded_ratio = ratio.masked_fill(padding, pad_ratio)
-                results.append(self.loss_and_gradient(
-                    plugin, logps.masked_fill(padding, pad_logp), old.masked_fill(padding, pad_old), advantages,
-                    mask, level, rollout_ratio=padded_ratio,
-                ))
+                results.append(
+                    self.loss_and_gradient(
+                        plugin,
+                        logps.masked_fill(padding, pad_logp),
+                        old.masked_fill(padding, pad_old),
+                        advantages,
+                        mask,
+                        level,
+                        rollout_ratio=padded_ratio,
+                    )
+                )
             (loss_a, grad_a, metrics_a), (loss_b, grad_b, metrics_b) = results
             where = f"{level}-level weights, {correction}"
             _assert_close(loss_a, loss_b, what=f"padding changed the loss ({where})")
@@ -402,7 +425,9 @@ class LossContract(PluginContract):
             assert (grad_a[padding] == 0).all(), f"padding tokens got a gradient ({where})"
             for name in metrics_a:
                 _assert_close(
-                    metrics_a[name], metrics_b[name], equal_nan=True,
+                    metrics_a[name],
+                    metrics_b[name],
+                    equal_nan=True,
                     what=f"padding changed metric {name!r} ({where})",
                 )
 
@@ -427,8 +452,8 @@ class LossContract(PluginContract):
 
     @pytest.mark.parametrize("level", [TOKEN, SEQUENCE])
     def test_gradient_is_the_same_whole_or_accumulated(self, plugin, level):
-        if not getattr(plugin, "accumulation_invariant", False):
-            pytest.skip("the loss does not declare accumulation_invariant = True")
+        if not declared(plugin, "loss", "accumulation_invariant"):
+            pytest.skip("the loss does not declare accumulation_invariant=True")
         logps, mask, advantages = _random_completions(seed=8, lengths=(6, 3, 1, 5, 2, 6))
         old = logps + torch.randn(logps.shape, generator=torch.Generator().manual_seed(9)) * 0.3
         total_tokens = float(mask.sum())  # num_items_in_batch: the whole generation batch
@@ -438,8 +463,16 @@ class LossContract(PluginContract):
         def accumulated_gradient(order: torch.Tensor, chunks: int) -> torch.Tensor:
             leaf = logps.clone().requires_grad_()
             for rows in order.chunk(chunks):
-                value, _ = self.evaluate(plugin, leaf[rows], old[rows], advantages[rows], mask[rows], level,
-                                         accumulation=chunks, num_items_in_batch=total_tokens)
+                value, _ = self.evaluate(
+                    plugin,
+                    leaf[rows],
+                    old[rows],
+                    advantages[rows],
+                    mask[rows],
+                    level,
+                    accumulation=chunks,
+                    num_items_in_batch=total_tokens,
+                )
                 value.backward()
             return leaf.grad
 
@@ -447,7 +480,8 @@ class LossContract(PluginContract):
         for order_name, order in (("in order", in_order), ("grouped by length", by_length)):
             for chunks in (2, 3):
                 _assert_close(
-                    accumulated_gradient(order, chunks), whole,
+                    accumulated_gradient(order, chunks),
+                    whole,
                     what=f"{chunks} equal micro-batches ({order_name}) give another gradient than the whole batch",
                 )
 
@@ -591,8 +625,13 @@ class AdvantageContract(PluginContract):
     def test_a_group_with_equal_rewards_gets_zero(self, plugin):
         advantages = plugin(self.rewards(), self.WEIGHTS, self.num_generations)
         equal_group = advantages[self.num_generations : 2 * self.num_generations]
-        _assert_close(equal_group, torch.zeros_like(equal_group), "a group whose rewards are all equal teaches nothing",
-                      atol=1e-6, rtol=0)
+        _assert_close(
+            equal_group,
+            torch.zeros_like(equal_group),
+            "a group whose rewards are all equal teaches nothing",
+            atol=1e-6,
+            rtol=0,
+        )
 
     def test_unscored_completions(self, plugin):
         rewards = self.rewards()
@@ -800,8 +839,9 @@ class GenerationContract(PluginContract):
         if not self.reports_sampling_logprobs:
             pytest.skip("reports_sampling_logprobs = False: rollout corrections cannot be used with this backend")
         tokenizer = model_and_tokenizer[1]
-        out = started.generate([tokenizer(p, add_special_tokens=False).input_ids for p in self.prompts[:8]],
-                               with_logprobs=True)
+        out = started.generate(
+            [tokenizer(p, add_special_tokens=False).input_ids for p in self.prompts[:8]], with_logprobs=True
+        )
         logps = out.sampling_per_token_logps
         assert logps is not None and logps.shape == out.completion_ids.shape, "with_logprobs=True: a (N, T) tensor"
         active = logps[out.completion_mask.bool()]
@@ -941,8 +981,10 @@ class EnvironmentContract(PluginContract):
         assert answers[0] == answers[1], f"answers after reset differ: {answers[0]} then {answers[1]}"
 
     def _calls(self) -> list[dict]:
-        return [{"type": "function", "function": {"name": name, "arguments": dict(arguments)}}
-                for name, arguments in self.tool_calls]
+        return [
+            {"type": "function", "function": {"name": name, "arguments": dict(arguments)}}
+            for name, arguments in self.tool_calls
+        ]
 
 
 class RolloutContract(PluginContract):

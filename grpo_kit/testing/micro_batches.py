@@ -2,12 +2,14 @@
 
 import torch
 
+from grpo_kit.contract.kinds import Reduction
+
 
 def random_micro_batch(
     vocab_size: int, batch_size: int = 4, prompt_length: int = 3, length: int = 6, seed: int = 0
 ) -> dict[str, torch.Tensor]:
     """A micro-batch as the trainer hands it to PolicyLoss: left-padded prompts, right-padded completions (one of
-    them padded from its second token), advantages of both signs, and a generation batch twice its size."""
+    them padded from its second token), advantages of both signs."""
     generator = torch.Generator().manual_seed(seed)
     prompt_mask = torch.ones(batch_size, prompt_length, dtype=torch.long)
     prompt_mask[-1, 0] = 0
@@ -20,8 +22,22 @@ def random_micro_batch(
         "completion_ids": torch.randint(vocab_size, (batch_size, length), generator=generator),
         "completion_mask": completion_mask,
         "advantages": torch.randn(batch_size, generator=generator),
-        "num_items_in_batch": completion_mask.sum() * 2,
     }
+
+
+def half_a_generation_batch(
+    micro_batch: dict[str, torch.Tensor],
+    max_completion_length: int,
+    gradient_accumulation_steps: int = 2,
+    steps_per_generation: int = 2,
+    num_processes: int = 1,
+) -> Reduction:
+    """The divisors of a micro-batch that is half its generation batch (twice its active tokens), by default one of
+    the two micro-batches of an optimizer step on one process."""
+    num_items_in_batch = float(micro_batch["completion_mask"].sum()) * 2
+    return Reduction(
+        num_items_in_batch, gradient_accumulation_steps, steps_per_generation, num_processes, max_completion_length
+    )
 
 
 def add_reference_quantities(
@@ -46,11 +62,13 @@ def add_reference_quantities(
     return batch
 
 
-def loss_and_gradients(policy_loss, model: torch.nn.Module, micro_batch, **reduction):
-    """policy_loss's loss, every trainable parameter's gradient (by name) and the metrics, on a zeroed model."""
+def loss_and_gradients(policy_loss, model: torch.nn.Module, micro_batch, reduction: Reduction | None = None):
+    """policy_loss's loss, every trainable parameter's gradient (by name) and the metrics, on a zeroed model; the
+    micro-batch is half its generation batch (`half_a_generation_batch`) unless `reduction` says otherwise."""
     model.zero_grad(set_to_none=True)
-    reduction = {"gradient_accumulation_steps": 2, "steps_per_generation": 2, "num_processes": 1} | reduction
-    out = policy_loss(model, micro_batch, **reduction)
+    if reduction is None:
+        reduction = half_a_generation_batch(micro_batch, policy_loss.objective.max_completion_length)
+    out = policy_loss(model, micro_batch, reduction)
     out.loss.backward()
     grads = {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
     return out.loss.detach(), grads, out.metrics

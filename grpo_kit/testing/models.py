@@ -26,15 +26,23 @@ def build_tiny_model(
 def build_tiny_reward_model(directory: str | Path, seed: int = 0, chat_template: str | None = None) -> Path:
     """Save an untrained one-layer Qwen2 sequence classifier (one score per text) and its tokenizer."""
     model, tokenizer = _tiny(
-        Qwen2ForSequenceClassification, seed, chat_template, None, num_hidden_layers=1, max_position_embeddings=64,
+        Qwen2ForSequenceClassification,
+        seed,
+        chat_template,
+        None,
+        num_hidden_layers=1,
+        max_position_embeddings=64,
         num_labels=1,
     )
     return _save(directory, model, tokenizer)
 
 
 MIXTURES_OF_EXPERTS = {  # family -> its config and model classes' names in transformers, and its expert sizes
-    "qwen2_moe": ("Qwen2MoeConfig", "Qwen2MoeForCausalLM", dict(num_experts=4, moe_intermediate_size=8,
-                                                                shared_expert_intermediate_size=8)),
+    "qwen2_moe": (
+        "Qwen2MoeConfig",
+        "Qwen2MoeForCausalLM",
+        dict(num_experts=4, moe_intermediate_size=8, shared_expert_intermediate_size=8),
+    ),
     "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM", dict(num_experts=4, moe_intermediate_size=8)),
     "mixtral": ("MixtralConfig", "MixtralForCausalLM", dict(num_local_experts=4)),
 }
@@ -49,11 +57,20 @@ def build_tiny_moe_model(directory: str | Path, family: str = "qwen3_moe", seed:
     tokenizer = build_tokenizer()
     torch.manual_seed(seed)
     architecture = dict(
-        hidden_size=16, intermediate_size=32, num_attention_heads=2, num_key_value_heads=1, num_hidden_layers=2,
-        max_position_embeddings=128, num_experts_per_tok=2, tie_word_embeddings=True, bos_token_id=None,
+        hidden_size=16,
+        intermediate_size=32,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        num_hidden_layers=2,
+        max_position_embeddings=128,
+        num_experts_per_tok=2,
+        tie_word_embeddings=True,
+        bos_token_id=None,
     )
     model_config = getattr(transformers, config_name)(
-        vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
+        vocab_size=len(tokenizer),
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
         **(architecture | experts | config),
     )
     model = getattr(transformers, model_name)(model_config)

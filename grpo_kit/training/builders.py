@@ -1,6 +1,6 @@
 """A run's plugins, built from its config: the advantage estimator, the rewards, the hooks, and what a rollout
-calls (tools, an environment, a custom rollout). The objective is built in grpo_kit/objective/objective.py, next to the code
-that calls its parts."""
+calls (tools, an environment, a custom rollout). The objective is built in grpo_kit/objective/objective.py, next to
+the code that calls its parts."""
 
 import torch
 from omegaconf import DictConfig
@@ -62,8 +62,15 @@ def build_tool_use(
             check_tool(tool, f"+environment={name}")
     algo = cfg.algorithm
     return ToolUse(
-        tokenizer, generation, accelerator, tool_functions(list(cfg.tools)), environment,
-        cfg.generation.max_completion_length, algo.max_tool_calling_iterations, algo.tool_timeout, eos_token_ids,
+        tokenizer,
+        generation,
+        accelerator,
+        tool_functions(list(cfg.tools)),
+        environment,
+        cfg.generation.max_completion_length,
+        algo.max_tool_calling_iterations,
+        algo.tool_timeout,
+        eos_token_ids,
     )
 
 

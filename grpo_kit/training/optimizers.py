@@ -57,7 +57,9 @@ def optimizer_recipe(t: DictConfig) -> tuple[type, dict]:
     """
     names = [name.value for name in OptimizerNames]
     if t.optim not in names:
-        raise ConfigError(f"trainer.optim={t.optim} is not an optimizer transformers knows; choose one of {', '.join(names)}.")
+        raise ConfigError(
+            f"trainer.optim={t.optim} is not an optimizer transformers knows; choose one of {', '.join(names)}."
+        )
     for part, need in UNSUPPORTED.items():
         if part in t.optim:
             raise ConfigError(
@@ -90,11 +92,16 @@ def build_scheduler(t: DictConfig, optimizer: torch.optim.Optimizer, max_steps: 
         raise ConfigError(f"trainer.lr_scheduler_type={t.lr_scheduler_type} takes no trainer.lr_scheduler_kwargs.")
     try:
         return get_scheduler(
-            t.lr_scheduler_type, optimizer, num_warmup_steps=warmup, num_training_steps=max_steps,
+            t.lr_scheduler_type,
+            optimizer,
+            num_warmup_steps=warmup,
+            num_training_steps=max_steps,
             scheduler_specific_kwargs=options,
         )
     except (TypeError, ValueError) as error:
-        raise ConfigError(f"trainer.lr_scheduler_type={t.lr_scheduler_type}, lr_scheduler_kwargs={options}: {error}") from error
+        raise ConfigError(
+            f"trainer.lr_scheduler_type={t.lr_scheduler_type}, lr_scheduler_kwargs={options}: {error}"
+        ) from error
 
 
 def warmup_steps(t: DictConfig, max_steps: int) -> int:

@@ -4,7 +4,7 @@
     torchrun --nproc_per_node 2 one_step_on_a_fixed_batch.py MODEL OUT  # two processes: half the batch each
 
 Every process builds the same batch of 16 completions from a fixed seed and trains on its own share, through the
-trainer's own pieces (PolicyLoss, ReferenceQuantities, Optimization); the main process saves the parameters
+trainer's own pieces (PolicyLoss, GenerationBatches, Optimization); the main process saves the parameters
 after the step as OUT_DIR/LOSS.pt. tests/test_processes.py compares one process's with two processes'.
 """
 
@@ -17,13 +17,19 @@ import grpo_kit
 from grpo_kit.model.loading import load_model, load_reference_model
 from grpo_kit.objective.policy_loss import PolicyLoss
 from grpo_kit.testing import tiny_run
-from grpo_kit.training.trainer import Optimization, ReferenceQuantities, build_accelerator
+from grpo_kit.training.batches import GenerationBatches
+from grpo_kit.training.optimization import Optimization
+from grpo_kit.training.setup import build_accelerator
 
 LOSSES = ["grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "luspo", "vespo"]
 COMPLETIONS, PROMPT_LENGTH, COMPLETION_LENGTH = 16, 5, 7
 # beta > 0 (a reference model), two passes over each batch (old log-probs), and a rollout correction.
-SETTINGS = ["algorithm.beta=0.04", "algorithm.num_iterations=2", "rollout_correction=token_truncate",
-            "trainer.learning_rate=1e-3"]
+SETTINGS = [
+    "algorithm.beta=0.04",
+    "algorithm.num_iterations=2",
+    "rollout_correction=token_truncate",
+    "trainer.learning_rate=1e-3",
+]
 
 
 def fixed_batch(vocab_size: int) -> dict[str, torch.Tensor]:
@@ -55,23 +61,37 @@ def one_step(model_dir: Path, out_dir: Path, loss: str) -> None:
     model, optimizer = accelerator.prepare(model, optimizer)
     objective = grpo_kit.build_objective(cfg, registry)
     policy_loss = PolicyLoss(objective, cfg.generation.temperature, entropy_grad=False)
-    references = ReferenceQuantities(objective, policy_loss, reference, accelerator.autocast, off_policy=True)
-    optimization = Optimization(
-        model, optimizer, scheduler, accelerator, policy_loss, accumulation, accumulation, cfg.trainer.max_grad_norm
+    batches = GenerationBatches(  # two iterations over each batch: old log-probs at generation
+        None,
+        policy_loss,
+        reference,
+        accelerator,
+        steps_per_generation=accumulation,
+        accumulation=accumulation,
+        num_iterations=cfg.algorithm.num_iterations,
+        max_completion_length=cfg.generation.max_completion_length,
+        corrects_rollouts=True,
     )
+    optimization = Optimization(model, optimizer, scheduler, accelerator, policy_loss, cfg.trainer.max_grad_norm)
 
     batch = fixed_batch(accelerator.unwrap_model(model).config.vocab_size)
     share = COMPLETIONS // accelerator.num_processes
     mine = {name: tensor[accelerator.process_index * share :][:share] for name, tensor in batch.items()}
-    mine["num_items_in_batch"] = batch["completion_mask"].sum()  # every process's active tokens
+    reduction = grpo_kit.Reduction(  # the active tokens of every process's share
+        float(batch["completion_mask"].sum()),
+        accumulation,
+        accumulation,
+        accelerator.num_processes,
+        cfg.generation.max_completion_length,
+    )
     finite = True
     for start in range(0, share, 8):
-        micro_batch = {name: tensor[start : start + 8] if tensor.dim() else tensor for name, tensor in mine.items()}
+        micro_batch = {name: tensor[start : start + 8] for name, tensor in mine.items()}
         with torch.no_grad():
             logps, _ = policy_loss.logps(model, micro_batch)
         micro_batch["sampling_per_token_logps"] = logps + micro_batch.pop("sampling_noise")
-        references.add(model, micro_batch)
-        _, finite, _ = optimization.train_on(micro_batch, finite, ends_step=start + 8 == share)
+        batches.add_references(model, micro_batch)
+        _, finite, _ = optimization.train_on(micro_batch, reduction, finite, ends_step=start + 8 == share)
     assert finite
     if accelerator.is_main_process:
         torch.save(accelerator.unwrap_model(model).state_dict(), out_dir / f"{loss}.pt")

@@ -1,1 +1,3 @@
-"""CPU speed-ups beside the plain path, each switchable (docs/training.md, benchmarks/README.md)."""
+"""Speed-ups beside the plain path (model/logprobs.py), one module each, each switchable (switches.py): what each
+speeds up, where it applies and its switch are in its docstring and docs/training.md; its figures in
+benchmarks/README.md."""

@@ -1,14 +1,23 @@
 """Causal self-attention for the training passes on the CPU, in chunks of queries that read only the keys before them.
 
-torch's CPU flash-attention kernel reads keys in blocks of 512. Over a sequence of up to 512 tokens, the causal
-pass therefore scores every query against every key and masks the later ones away: causality saves it nothing.
-Cut into chunks of about 64 queries, each reading the keys up to its own last query, the pass does little more
-than half that work (64 rows of 516 tokens on the model of benchmarks/race.py, one CPU thread: a layer's forward
-and backward 0.37 s -> 0.24 s; 1,030 tokens: 0.55 -> 0.43 s). The values and gradients are SDPA's up to float
-rounding. GPUs keep SDPA, whose kernels skip the masked blocks themselves.
+What it speeds up: the attention of a CPU model's forward and backward passes. torch's CPU flash-attention kernel
+reads keys in blocks of 512, so over a sequence of up to 512 tokens its causal pass scores every query against
+every key and masks the later ones away: causality saves it nothing. Cut into chunks of about 64 queries, each
+reading the keys up to its own last query, the pass does little more than half that work. The values and gradients
+are SDPA's up to float rounding.
+
+When it applies: the passes of a CPU model that runs SDPA, without activation checkpointing (its backward pass
+recomputes the forward with the model's own attention), over sequences of at least MIN_CHUNKS chunks, without a mask
+(model.mask_free_passes), cache, dropout, soft-capping or autocast. GPUs keep SDPA, whose kernels skip the masked
+blocks themselves.
+
+Switch: model.cpu_chunked_attention=false keeps SDPA. Figures: benchmarks/README.md, "Chunked causal attention".
+The attention is registered into transformers' registries when a model first runs it, not when this module is
+imported.
 """
 
 import contextlib
+import functools
 
 import torch
 from transformers import AttentionInterface
@@ -16,7 +25,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 CHUNKED_CAUSAL = "grpo_kit_chunked_causal"  # the name `chunked_causal_attention` is registered under in transformers
-QUERIES_PER_CHUNK = 64  # fewer chunks leave more masked scores; more spend more calls (measured at 200-2,060 tokens)
+QUERIES_PER_CHUNK = 64  # fewer chunks leave more masked scores; more spend more calls
 MIN_CHUNKS = 3  # below 192 tokens, the calls cost what the chunks save
 FLASH_READS_GROUPED_KEYS = tuple(int(part) for part in torch.__version__.split(".")[:2]) >= (2, 5)
 
@@ -59,8 +68,13 @@ class ChunkedCausalAttention(torch.autograd.Function):
         logsumexps = []
         for start, end in chunks:
             chunk_out, logsumexp = _flash(
-                query[:, :, start:end], key[:, :, :end], value[:, :, :end], 0.0, start == 0,
-                attn_mask=_later_keys_masked(start, end, query), scale=scale,
+                query[:, :, start:end],
+                key[:, :, :end],
+                value[:, :, :end],
+                0.0,
+                start == 0,
+                attn_mask=_later_keys_masked(start, end, query),
+                scale=scale,
             )  # (B, Hq, end - start, D), (B, Hq, end - start)
             out[:, start:end] = chunk_out.transpose(1, 2)
             logsumexps.append(logsumexp)
@@ -75,9 +89,16 @@ class ChunkedCausalAttention(torch.autograd.Function):
         grad_key, grad_value = torch.zeros_like(key), torch.zeros_like(value)
         for (start, end), logsumexp in zip(ctx.chunks, logsumexps):
             chunk_grads = _flash_backward(
-                grad_out[:, start:end].transpose(1, 2), query[:, :, start:end], key[:, :, :end], value[:, :, :end],
-                out[:, start:end].transpose(1, 2), logsumexp, 0.0, start == 0,
-                attn_mask=_later_keys_masked(start, end, query), scale=ctx.scale,
+                grad_out[:, start:end].transpose(1, 2),
+                query[:, :, start:end],
+                key[:, :, :end],
+                value[:, :, :end],
+                out[:, start:end].transpose(1, 2),
+                logsumexp,
+                0.0,
+                start == 0,
+                attn_mask=_later_keys_masked(start, end, query),
+                scale=ctx.scale,
             )
             grad_query[:, :, start:end] = chunk_grads[0]
             grad_key[:, :, :end] += chunk_grads[1]
@@ -96,8 +117,11 @@ def _later_keys_masked(start: int, end: int, query: torch.Tensor) -> torch.Tenso
     return mask.masked_fill_(keys > queries, float("-inf"))[None, None]
 
 
-AttentionInterface.register(CHUNKED_CAUSAL, chunked_causal_attention)
-AttentionMaskInterface.register(CHUNKED_CAUSAL, sdpa_mask)
+@functools.cache
+def register() -> None:
+    """Make CHUNKED_CAUSAL an attention transformers' models can run, with SDPA's mask function."""
+    AttentionInterface.register(CHUNKED_CAUSAL, chunked_causal_attention)
+    AttentionMaskInterface.register(CHUNKED_CAUSAL, sdpa_mask)
 
 
 @contextlib.contextmanager
@@ -113,6 +137,7 @@ def chunked_causal_attention_on_cpu(model):
     ):
         yield
         return
+    register()
     config._attn_implementation = CHUNKED_CAUSAL
     try:
         yield

@@ -9,8 +9,6 @@ from grpo_kit.contract.advantages import nanstd, weighted_rewards
 
 
 class BatchAdvantage:
-    needs_groups = True
-
     def __call__(self, rewards_per_func, weights, num_generations):
         rewards = weighted_rewards(rewards_per_func, weights)  # (N,)
         groups = rewards.view(-1, num_generations)

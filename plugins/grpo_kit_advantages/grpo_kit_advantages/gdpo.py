@@ -9,8 +9,6 @@ from grpo_kit.contract.advantages import nanstd
 
 
 class DecoupledAdvantage:
-    needs_groups = True
-
     def __call__(self, rewards_per_func, weights, num_generations):
         num_rewards = rewards_per_func.shape[1]
         groups = rewards_per_func.view(-1, num_generations, num_rewards)  # (N / G, G, K)

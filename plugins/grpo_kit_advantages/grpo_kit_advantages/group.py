@@ -9,8 +9,6 @@ from grpo_kit.contract.advantages import nanstd, weighted_rewards
 
 
 class GroupAdvantage:
-    needs_groups = True
-
     def __call__(self, rewards_per_func, weights, num_generations):
         groups = weighted_rewards(rewards_per_func, weights).view(-1, num_generations)  # (N / G, G)
         centred = groups - groups.nanmean(dim=1, keepdim=True)

@@ -8,8 +8,6 @@ from grpo_kit.contract.advantages import weighted_rewards
 
 
 class CentredAdvantage:
-    needs_groups = True
-
     def __call__(self, rewards_per_func, weights, num_generations):
         groups = weighted_rewards(rewards_per_func, weights).view(-1, num_generations)
         return (groups - groups.nanmean(dim=1, keepdim=True)).view(-1)

@@ -2,8 +2,7 @@
 
 Each is named by import path and imported only when a run builds it, so listing the plugins and composing a run
 import none of them, nor torch. All of them compare the completions of one prompt: `needs_groups`, which the core
-checks a run's choices with, is declared here for the same reason; Registry.build checks that the class says the
-same.
+checks a run's choices with, is declared here and nowhere else; Registry.build hands it to the built estimator.
 """
 
 import grpo_kit

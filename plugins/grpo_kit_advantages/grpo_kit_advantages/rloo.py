@@ -11,8 +11,6 @@ from grpo_kit.contract.advantages import weighted_rewards
 
 
 class LeaveOneOutAdvantage:
-    needs_groups = True
-
     def __call__(self, rewards_per_func, weights, num_generations):
         groups = weighted_rewards(rewards_per_func, weights).view(-1, num_generations)  # (N / G, G)
         scorable = (~groups.isnan()).sum(dim=1, keepdim=True)

@@ -11,7 +11,9 @@ from grpo_kit_hooks.dynamic_sampling import DynamicSampling, DynamicSamplingConf
 def scored(group_rewards: list[list[float]], tag: str, length: int = 3) -> ScoredBatch:
     rewards = torch.tensor([float(r) for group in group_rewards for r in group])
     n = len(rewards)
-    generated = Completions(torch.ones(n, length, dtype=torch.long), torch.ones(n, length), torch.zeros(n, dtype=torch.bool))
+    generated = Completions(
+        torch.ones(n, length, dtype=torch.long), torch.ones(n, length), torch.zeros(n, dtype=torch.bool)
+    )
     return ScoredBatch(
         rows=[{"prompt": f"{tag}{g}"} for g, group in enumerate(group_rewards) for _ in group],
         prompt_ids=[[1]] * n,

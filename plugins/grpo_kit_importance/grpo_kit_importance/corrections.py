@@ -16,14 +16,12 @@ from grpo_kit_importance.configs import CorrectionConfig
 
 
 class RolloutCorrection:
-    level: str  # "token" or "sequence"
+    level: str  # "token" or "sequence": declared where each correction is registered (plugin.py)
     masks: bool  # True: out-of-bounds ratios become 0; False: they are clamped to the bound
 
     def __init__(self, config: CorrectionConfig):
         if config.min is not None and config.max is not None and config.min >= config.max:
-            raise ValueError(
-                f"rollout_correction.min={config.min} must be below rollout_correction.max={config.max}."
-            )
+            raise ValueError(f"rollout_correction.min={config.min} must be below rollout_correction.max={config.max}.")
         if not self.masks and config.min is None and config.max is None:
             raise ValueError(
                 "A truncating rollout correction needs a bound: set rollout_correction.max (3.0 is usual) "
@@ -47,22 +45,22 @@ class RolloutCorrection:
 class TokenTruncate(RolloutCorrection):
     """token_truncate: each token's ratio pi_old / pi_sampler, clamped into [min, max]."""
 
-    level, masks = "token", False
+    masks = False
 
 
 class TokenMask(RolloutCorrection):
     """token_mask: each token's ratio pi_old / pi_sampler, set to 0 where it falls outside [min, max]."""
 
-    level, masks = "token", True
+    masks = True
 
 
 class SequenceTruncate(RolloutCorrection):
     """sequence_truncate: one ratio per sequence, the product of its tokens' ratios, clamped into [min, max]."""
 
-    level, masks = "sequence", False
+    masks = False
 
 
 class SequenceMask(RolloutCorrection):
     """sequence_mask: one ratio per sequence, the product of its tokens' ratios, set to 0 outside [min, max]."""
 
-    level, masks = "sequence", True
+    masks = True

@@ -2,7 +2,5 @@
 
 
 class NoCorrection:
-    level = None
-
     def ratio(self, old_per_token_logps, sampling_per_token_logps, mask):
         return None

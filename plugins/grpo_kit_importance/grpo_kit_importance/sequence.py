@@ -6,7 +6,5 @@ s_i = (pi_theta(y_i|x) / pi_old(y_i|x)) ** (1 / |y_i|), i.e. the mean of the tok
 
 
 class SequenceLevel:
-    level = "sequence"
-
     def log_weights(self, log_ratio, mask):
         return ((log_ratio * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).unsqueeze(-1)  # (B, 1)

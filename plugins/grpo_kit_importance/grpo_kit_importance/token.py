@@ -5,7 +5,5 @@ Schulman et al. 2017, https://arxiv.org/abs/1707.06347; DeepSeekMath eq. 3, http
 
 
 class TokenLevel:
-    level = "token"
-
     def log_weights(self, log_ratio, mask):
         return log_ratio  # (B, T)

@@ -11,9 +11,7 @@ from grpo_kit_losses.token_sums import SUMS_TOKENS_ADVICE
 
 class BNPO(ClippedSurrogate):
     liger_loss_type = "bnpo"
-    importance_sampling_level = "token"
     importance_sampling_advice = SUMS_TOKENS_ADVICE
-    accumulation_invariant = False  # its normaliser is the micro-batch's own tokens
 
     def reduce(self, per_token_loss, mask, reduction):
         return local_token_mean(per_token_loss, mask, reduction)

@@ -14,9 +14,7 @@ from grpo_kit_losses.token_sums import SUMS_TOKENS_ADVICE
 
 
 class CISPO(Loss):
-    importance_sampling_level = "token"
     importance_sampling_advice = SUMS_TOKENS_ADVICE
-    accumulation_invariant = True
 
     def __init__(self, config: CISPOConfig):
         self.epsilon_high = config.epsilon_high

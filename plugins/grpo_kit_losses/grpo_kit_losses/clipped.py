@@ -14,7 +14,6 @@ from grpo_kit_losses.configs import ClippedConfig
 
 
 class ClippedSurrogate(Loss):
-    accumulation_invariant = True  # bnpo, which divides by the micro-batch's own tokens, says False
     # liger-kernel's loss_type for this reduction of the surrogate (model.logits=liger); None: Liger has none.
     liger_loss_type: str | None = None
     liger_per_micro_batch = True  # False: Liger normalises by the generation batch's tokens, as `reduce` does

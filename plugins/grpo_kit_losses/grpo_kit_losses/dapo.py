@@ -13,7 +13,6 @@ from grpo_kit_losses.token_sums import SUMS_TOKENS_ADVICE
 class DAPO(ClippedSurrogate):
     liger_loss_type = "dapo"
     liger_per_micro_batch = False
-    importance_sampling_level = "token"
     importance_sampling_advice = SUMS_TOKENS_ADVICE
 
     def reduce(self, per_token_loss, mask, reduction):

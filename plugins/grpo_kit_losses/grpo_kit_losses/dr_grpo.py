@@ -11,7 +11,6 @@ from grpo_kit_losses.token_sums import SUMS_TOKENS_ADVICE
 
 class DrGRPO(ClippedSurrogate):
     liger_loss_type = "dr_grpo"
-    importance_sampling_level = "token"
     importance_sampling_advice = SUMS_TOKENS_ADVICE
 
     def reduce(self, per_token_loss, mask, reduction):

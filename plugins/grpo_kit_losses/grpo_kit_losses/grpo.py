@@ -11,5 +11,6 @@ from grpo_kit_losses.clipped import ClippedSurrogate
 
 class GRPO(ClippedSurrogate):
     liger_loss_type = "grpo"
+
     def reduce(self, per_token_loss, mask, reduction):
         return sequence_mean(per_token_loss, mask, reduction)

@@ -11,7 +11,6 @@ from grpo_kit_losses.clipped import ClippedSurrogate
 
 class LUSPO(ClippedSurrogate):
     liger_loss_type = "luspo"
-    importance_sampling_level = "sequence"
     importance_sampling_advice = "is defined on one importance weight per sequence, as in its paper"
 
     def reduce(self, per_token_loss, mask, reduction):

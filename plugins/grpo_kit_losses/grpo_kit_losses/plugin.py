@@ -1,9 +1,10 @@
 """Registers the built-in losses, exactly as a third-party distribution would.
 
 Each loss is named by import path and imported only when a run builds it, so listing the plugins and composing a
-run import no loss, nor torch. What the core checks a run's choices with (the importance-sampling level a loss
-wants, the rollout corrections it takes) is declared here for the same reason; Registry.build checks that the
-class says the same.
+run import no loss, nor torch. Their traits (grpo_kit.contract.kinds.TRAITS: the importance-sampling level a loss
+wants, the rollout corrections it takes, whether its gradient survives any split into micro-batches) are declared
+here and nowhere else: the core checks a run's choices with them before importing the class, and Registry.build
+hands them to the built loss.
 """
 
 import grpo_kit
@@ -20,7 +21,11 @@ def register_losses(register):
     register("luspo", "grpo_kit_losses.luspo:LUSPO", ClippedConfig, importance_sampling_level="sequence", **invariant)
     register("cispo", "grpo_kit_losses.cispo:CISPO", CISPOConfig, importance_sampling_level="token", **invariant)
     register("sapo", "grpo_kit_losses.sapo:SAPO", SAPOConfig, **invariant)
-    register(
-        "vespo", "grpo_kit_losses.vespo:VESPO", VESPOConfig,
-        importance_sampling_level="token", rollout_correction_levels=("token",), **invariant,
+    register(  # vespo folds a token-level correction ratio into its own sequence weight
+        "vespo",
+        "grpo_kit_losses.vespo:VESPO",
+        VESPOConfig,
+        importance_sampling_level="token",
+        rollout_correction_levels=("token",),
+        **invariant,
     )

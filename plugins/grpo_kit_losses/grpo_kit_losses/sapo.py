@@ -13,8 +13,6 @@ from grpo_kit_losses.configs import SAPOConfig
 
 
 class SAPO(Loss):
-    accumulation_invariant = True
-
     def __init__(self, config: SAPOConfig):
         self.temperature_pos, self.temperature_neg = config.temperature_pos, config.temperature_neg
 

@@ -19,11 +19,8 @@ LOG_MAX_WEIGHT = 20.0
 
 
 class VESPO(Loss):
-    importance_sampling_level = "token"
     importance_sampling_advice = "forms its own sequence-level weight from the token log-ratios"
-    rollout_correction_levels = ("token",)
     consumes_rollout_ratio = True
-    accumulation_invariant = True
 
     def __init__(self, config: VESPOConfig):
         self.config = config

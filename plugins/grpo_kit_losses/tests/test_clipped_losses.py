@@ -34,7 +34,9 @@ def test_per_token_loss_and_clip_metrics():
 
 
 def test_epsilon_high_and_delta():
-    loss, _ = DAPO(ClippedConfig(epsilon=0.2, epsilon_high=0.6)).per_token_loss(loss_inputs(LOG_WEIGHTS, ADVANTAGES, MASK))
+    loss, _ = DAPO(ClippedConfig(epsilon=0.2, epsilon_high=0.6)).per_token_loss(
+        loss_inputs(LOG_WEIGHTS, ADVANTAGES, MASK)
+    )
     assert loss[0, 0].item() == pytest.approx(-1.5)  # 1.5 is inside [0.8, 1.6]
     loss, _ = DAPO(ClippedConfig(epsilon=0.2, delta=1.05)).per_token_loss(loss_inputs(LOG_WEIGHTS, ADVANTAGES, MASK))
     assert loss[1, 0].item() == pytest.approx(1.1)  # A<0: max(min(1.1, 1.05), clip(1.1)=1.1) = 1.1
@@ -54,7 +56,9 @@ def test_dapo_divides_by_the_active_tokens_of_the_generation_batch():
     loss = DAPO(ClippedConfig()).reduce(per_token, MASK, reduction(10, processes=2))
     assert loss.item() == pytest.approx(-0.16)
     # 4 accumulation steps over a generation batch of 8 micro-batches: an optimizer step sees 10 / 2 * 4 / 8 tokens
-    loss = DAPO(ClippedConfig()).reduce(per_token, MASK, reduction(10, accumulation=4, steps_per_generation=8, processes=2))
+    loss = DAPO(ClippedConfig()).reduce(
+        per_token, MASK, reduction(10, accumulation=4, steps_per_generation=8, processes=2)
+    )
     assert loss.item() == pytest.approx(-0.8 / 2.5)
 
 

@@ -36,7 +36,9 @@ class TestRewardModel(RewardContract):
 
 def tiny_reward_model(directory):
     """A random one-layer sequence classifier with the embedded tokenizer and a chat template it can read."""
-    return build_tiny_reward_model(directory, chat_template="{% for message in messages %}{{ message['content'] }}={% endfor %}")
+    return build_tiny_reward_model(
+        directory, chat_template="{% for message in messages %}{{ message['content'] }}={% endfor %}"
+    )
 
 
 def test_every_reward_is_checked():

@@ -88,9 +88,12 @@ def test_async_target_called_directly_returns_a_coroutine(user_module):
 def test_two_functions_in_one_run_each_with_its_weight_and_kwargs(user_module, tiny_model, registry, tmp_path):
     overrides = tiny_run(
         tiny_model,
-        "+reward@reward.brevity=python", f"reward.brevity.function={user_module}:brevity",
-        "reward.brevity.weight=0.5", "reward.brevity.kwargs={target:1}",
-        "+reward@reward.constant=python", f"reward.constant.function={user_module}:make_constant",
+        "+reward@reward.brevity=python",
+        f"reward.brevity.function={user_module}:brevity",
+        "reward.brevity.weight=0.5",
+        "reward.brevity.kwargs={target:1}",
+        "+reward@reward.constant=python",
+        f"reward.constant.function={user_module}:make_constant",
         "reward.constant.factory_kwargs={value:0.25}",
     )
     grpo_kit.train(grpo_kit.compose(overrides, registry), tmp_path, registry)

@@ -14,7 +14,7 @@ from grpo_kit_rewards.plain_answers import plain_verdict
 from grpo_kit_rewards.reasoning_accuracy import ReasoningAccuracy
 
 rng = random.Random(0)
-INTEGERS = [str(n) for n in range(-12, 40)] + [str(rng.randint(-10**15, 10**15)) for _ in range(10)]
+INTEGERS = [str(n) for n in range(-12, 40)] + [str(rng.randint(-(10**15), 10**15)) for _ in range(10)]
 OTHERS = ["012", "-0", "+5", "0.5", "0.50", "12.0", "007", "1e3", "3/4", " 12 ", "", "1 2", "1+2", "x", "$12$", "١٢"]
 
 

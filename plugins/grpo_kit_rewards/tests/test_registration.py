@@ -9,8 +9,14 @@ from grpo_kit.config.compose import options
 from grpo_kit.rollout.scoring import Scorer
 
 BUILT_INS = {
-    "accuracy", "reasoning_accuracy", "think_format", "cosine_scaled", "repetition_penalty", "soft_overlong",
-    "python", "reward_model",
+    "accuracy",
+    "reasoning_accuracy",
+    "think_format",
+    "cosine_scaled",
+    "repetition_penalty",
+    "soft_overlong",
+    "python",
+    "reward_model",
 }
 
 

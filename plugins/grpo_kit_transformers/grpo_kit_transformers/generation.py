@@ -23,7 +23,8 @@ import transformers
 from accelerate.utils import DistributedType
 
 from grpo_kit import Completions, eos_mask, eos_token_ids, is_truncated
-from grpo_kit.model.lora import has_adapters, merged_copy, refresh_merged_copy
+from grpo_kit.contract.distributed import weights_are_sharded
+from grpo_kit.contract.lora import has_adapters, merged_copy, refresh_merged_copy
 from grpo_kit_transformers.configs import TransformersGenerationConfig
 from grpo_kit_transformers.sampling import sample, why_not_lean
 
@@ -31,8 +32,6 @@ log = logging.getLogger(__name__)
 
 
 class TransformersGeneration:
-    samples_from_policy = True  # the trained model generates: its log-probs are the trainer's up to rounding
-
     def __init__(self, config: TransformersGenerationConfig):
         self.config = config
 
@@ -43,7 +42,7 @@ class TransformersGeneration:
             unwrapped = accelerator.unwrap_model(model)
             if not has_adapters(unwrapped):
                 raise ValueError("generation.merge_lora=true merges LoRA adapters: turn on model.lora.enabled=true.")
-            if is_sharded(accelerator):
+            if weights_are_sharded(accelerator):
                 raise ValueError(
                     "generation.merge_lora=true keeps a whole merged copy of the model on every process, which FSDP "
                     "and DeepSpeed ZeRO-3 split between processes: leave it off (generation then reads the sharded "
@@ -51,7 +50,7 @@ class TransformersGeneration:
                 )
             self.merged = merged_copy(unwrapped)
         # Where weights are sharded, a forward pass may gather them: a collective every process must join.
-        self.synced_gpus = is_sharded(accelerator) and accelerator.num_processes > 1
+        self.synced_gpus = weights_are_sharded(accelerator) and accelerator.num_processes > 1
         self.eos_token_ids = eos_token_ids(accelerator.unwrap_model(model), tokenizer)
         settings = dict(
             max_new_tokens=self.config.max_completion_length,
@@ -76,7 +75,7 @@ class TransformersGeneration:
         self.generation_config_with_scores.output_scores = True
         self.lean = self.config.loop == "lean"
         if self.lean:
-            reason = "the weights are sharded" if is_sharded(accelerator) else None
+            reason = "the weights are sharded" if weights_are_sharded(accelerator) else None
             reason = reason or why_not_lean(accelerator.unwrap_model(model), self.generation_config)
             if reason is not None:
                 log.warning("generation.loop=lean: model.generate samples instead, because %s.", reason)
@@ -138,14 +137,6 @@ class TransformersGeneration:
 
     def close(self):
         pass
-
-
-def is_sharded(accelerator) -> bool:
-    """Whether accelerate splits the weights themselves between processes (FSDP, DeepSpeed ZeRO-3)."""
-    state = accelerator.state
-    if state.distributed_type == DistributedType.DEEPSPEED:
-        return state.deepspeed_plugin.zero_stage == 3
-    return state.distributed_type == DistributedType.FSDP
 
 
 def inside_root_forward(root: torch.nn.Module, method, **kwargs):

@@ -30,12 +30,26 @@ from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 ROW_WISE = tuple(
     getattr(logits_process, name)
     for name in (
-        "TemperatureLogitsWarper", "TopKLogitsWarper", "TopPLogitsWarper", "MinPLogitsWarper", "TopHLogitsWarper",
-        "TypicalLogitsWarper", "EpsilonLogitsWarper", "EtaLogitsWarper", "RepetitionPenaltyLogitsProcessor",
-        "NoRepeatNGramLogitsProcessor", "SuppressTokensLogitsProcessor", "SuppressTokensAtBeginLogitsProcessor",
-        "MinLengthLogitsProcessor", "MinNewTokensLengthLogitsProcessor", "NoBadWordsLogitsProcessor",
-        "SequenceBiasLogitsProcessor", "InfNanRemoveLogitsProcessor", "LogitNormalization",
-        "ExponentialDecayLengthPenalty", "ForcedEOSTokenLogitsProcessor",
+        "TemperatureLogitsWarper",
+        "TopKLogitsWarper",
+        "TopPLogitsWarper",
+        "MinPLogitsWarper",
+        "TopHLogitsWarper",
+        "TypicalLogitsWarper",
+        "EpsilonLogitsWarper",
+        "EtaLogitsWarper",
+        "RepetitionPenaltyLogitsProcessor",
+        "NoRepeatNGramLogitsProcessor",
+        "SuppressTokensLogitsProcessor",
+        "SuppressTokensAtBeginLogitsProcessor",
+        "MinLengthLogitsProcessor",
+        "MinNewTokensLengthLogitsProcessor",
+        "NoBadWordsLogitsProcessor",
+        "SequenceBiasLogitsProcessor",
+        "InfNanRemoveLogitsProcessor",
+        "LogitNormalization",
+        "ExponentialDecayLengthPenalty",
+        "ForcedEOSTokenLogitsProcessor",
     )
     if hasattr(logits_process, name)
 )
@@ -63,7 +77,9 @@ class PreallocatedLayer(DynamicLayer):
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
             batch, heads, _, dim = key_states.shape
-            key_shape = (batch, heads, dim, self.capacity) if self.transposed_keys else (batch, heads, self.capacity, dim)
+            key_shape = (
+                (batch, heads, dim, self.capacity) if self.transposed_keys else (batch, heads, self.capacity, dim)
+            )
             self.key_buffer = key_states.new_empty(key_shape)
             self.value_buffer = value_states.new_empty(batch, heads, self.capacity, dim)
             self.length = 0
@@ -91,7 +107,9 @@ def decode_attention(module, query, key, value, attention_mask, dropout=0.0, sca
     dropout and what SDPA adds to the scores (a position bias, a soft cap) go to SDPA itself.
     """
     if query.shape[2] != 1 or dropout or kwargs.get("position_bias") is not None or kwargs.get("softcap") is not None:
-        return sdpa_attention_forward(module, query, key.contiguous(), value, attention_mask, dropout, scaling, **kwargs)
+        return sdpa_attention_forward(
+            module, query, key.contiguous(), value, attention_mask, dropout, scaling, **kwargs
+        )
     batch, heads, _, dim = query.shape
     kv_heads = key.shape[1]
     scale = dim**-0.5 if scaling is None else scaling
@@ -181,7 +199,9 @@ def _sample(model, prompt_ids, attention_mask, generation_config, with_logprobs:
     eos = generation_config._eos_token_tensor.reshape(-1)  # (E,)
     processors = logits_processors(model, generation_config, prompt_length)
     num_layers = model.config.get_text_config(decoder=True).num_hidden_layers
-    cache = Cache(layers=[PreallocatedLayer(prompt_length + max_new_tokens, transposed_keys) for _ in range(num_layers)])
+    cache = Cache(
+        layers=[PreallocatedLayer(prompt_length + max_new_tokens, transposed_keys) for _ in range(num_layers)]
+    )
     with_cache = {cache_argument(model): cache}
     # As `generate` numbers positions: from the first real token of each left-padded prompt.
     last_logits_only = {"logits_to_keep": 1} if model._supports_logits_to_keep() else {}  # as `generate` asks
@@ -194,10 +214,18 @@ def _sample(model, prompt_ids, attention_mask, generation_config, with_logprobs:
     input_ids, inputs = prompt_ids, prompt_ids  # input_ids (A, P + t): what the processors read
     last_position = position_ids[:, -1:]  # (A, 1)
     for t in range(max_new_tokens):
-        logits = model(
-            input_ids=inputs, attention_mask=attention_mask, position_ids=position_ids, use_cache=True,
-            **with_cache, **last_logits_only,
-        ).logits[:, -1].to(copy=True, dtype=torch.float32)  # (A, V)
+        logits = (
+            model(
+                input_ids=inputs,
+                attention_mask=attention_mask,
+                position_ids=position_ids,
+                use_cache=True,
+                **with_cache,
+                **last_logits_only,
+            )
+            .logits[:, -1]
+            .to(copy=True, dtype=torch.float32)
+        )  # (A, V)
         next_scores = processors(input_ids, logits)  # (A, V)
         next_tokens = torch.multinomial(next_scores.softmax(dim=-1), num_samples=1)  # (A, 1)
         completion_ids[rows, t] = next_tokens.squeeze(1)
@@ -210,7 +238,12 @@ def _sample(model, prompt_ids, attention_mask, generation_config, with_logprobs:
         attention_mask = torch.cat([attention_mask, attention_mask.new_ones(len(rows), 1)], dim=1)
         if unfinished.float().mean() < COMPACT_BELOW:
             keep = unfinished.nonzero().squeeze(1)
-            rows, unfinished, input_ids, attention_mask = rows[keep], unfinished[keep], input_ids[keep], attention_mask[keep]
+            rows, unfinished, input_ids, attention_mask = (
+                rows[keep],
+                unfinished[keep],
+                input_ids[keep],
+                attention_mask[keep],
+            )
             last_position, next_tokens = last_position[keep], next_tokens[keep]
             cache.batch_select_indices(keep)
         last_position = last_position + 1

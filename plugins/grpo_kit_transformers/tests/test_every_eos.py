@@ -43,7 +43,9 @@ def test_no_mask_runs_past_any_eos_of_the_generation_config(tiny_model, loop):
 def test_a_completion_that_ends_in_a_sampled_pad_token_is_not_truncated(tiny_model, loop):
     tokenizer = AutoTokenizer.from_pretrained(tiny_model)
     only_pad = [token for token in range(len(tokenizer)) if token != tokenizer.pad_token_id]
-    generation, _ = start(tiny_model, loop=loop, max_completion_length=3, generation_kwargs={"suppress_tokens": only_pad})
+    generation, _ = start(
+        tiny_model, loop=loop, max_completion_length=3, generation_kwargs={"suppress_tokens": only_pad}
+    )
     out = generation.generate([tokenizer("1+2=").input_ids] * 4)
     assert out.completion_ids.tolist() == [[tokenizer.pad_token_id] * 3] * 4  # no EOS: it ran to the limit
     assert out.completion_mask.all() and not out.is_truncated.any()  # but its last token is the pad token, as in TRL

@@ -45,7 +45,10 @@ def test_generation_kwargs_override_the_settings_the_backend_sets(tiny_model, lo
     # As TRL applies them: last, over its own max_new_tokens, top_k, ... (a repeated keyword was a TypeError).
     no_eos = [AutoTokenizer.from_pretrained(tiny_model).eos_token_id]  # every completion runs to the limit
     generation, tokenizer = start(
-        tiny_model, loop=loop, max_completion_length=6, temperature=3.0,
+        tiny_model,
+        loop=loop,
+        max_completion_length=6,
+        temperature=3.0,
         generation_kwargs={"max_new_tokens": 2, "top_k": 1, "suppress_tokens": no_eos},
     )
     assert generation.generation_config.max_new_tokens == 2 and generation.generation_config.top_k == 1

@@ -26,7 +26,8 @@ def test_a_mode_the_lean_loop_does_not_implement_falls_back_to_generate_with_one
     generation = TransformersGeneration(TransformersGenerationConfig(generation_kwargs=MODES[mode]))
     with caplog.at_level(logging.WARNING, logger="grpo_kit_transformers.generation"):
         generation.start(
-            AutoModelForCausalLM.from_pretrained(tiny_model), AutoTokenizer.from_pretrained(tiny_model),
+            AutoModelForCausalLM.from_pretrained(tiny_model),
+            AutoTokenizer.from_pretrained(tiny_model),
             Accelerator(cpu=True),
         )
     assert not generation.lean

@@ -42,14 +42,20 @@ def model_and_prompts(tiny_model):
     tokenizer = AutoTokenizer.from_pretrained(tiny_model)
     model = AutoModelForCausalLM.from_pretrained(tiny_model).eval()
     texts = ["1+2=", "34+5=", "7+77=", "9="] * 8  # prompts of different lengths, left-padded
-    prompts = tokenizer.pad({"input_ids": [tokenizer(t).input_ids for t in texts]}, padding_side="left", return_tensors="pt")
+    prompts = tokenizer.pad(
+        {"input_ids": [tokenizer(t).input_ids for t in texts]}, padding_side="left", return_tensors="pt"
+    )
     return model, tokenizer, prompts
 
 
 def config(tokenizer, max_new_tokens, **settings):
     return GenerationConfig(
-        max_new_tokens=max_new_tokens, do_sample=True, pad_token_id=tokenizer.pad_token_id,
-        eos_token_id=tokenizer.eos_token_id, disable_compile=True, return_dict_in_generate=True,
+        max_new_tokens=max_new_tokens,
+        do_sample=True,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        disable_compile=True,
+        return_dict_in_generate=True,
         **{"top_k": 0, **settings},
     )
 
@@ -85,8 +91,11 @@ def test_the_attention_of_a_new_token_is_sdpas(kv_heads, mask):
     module.num_key_value_groups = heads // kv_heads
     out, _ = decode_attention(module, query, keys, values, attention_mask, scaling=0.3)  # (B, 1, H, D)
     expected = torch.nn.functional.scaled_dot_product_attention(
-        query, keys.repeat_interleave(heads // kv_heads, 1), values.repeat_interleave(heads // kv_heads, 1),
-        attn_mask=attention_mask, scale=0.3,
+        query,
+        keys.repeat_interleave(heads // kv_heads, 1),
+        values.repeat_interleave(heads // kv_heads, 1),
+        attn_mask=attention_mask,
+        scale=0.3,
     ).transpose(1, 2)
     torch.testing.assert_close(out, expected, atol=1e-6, rtol=1e-5)
 

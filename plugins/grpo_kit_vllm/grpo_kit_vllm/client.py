@@ -70,8 +70,14 @@ class ServerClient:
             if attempt == self.retries:
                 break
             wait = 2.0**attempt
-            log.warning("The vLLM server at %s failed %s %s (%s): trying again in %.0f s", self.base_url, method,
-                        path, failure, wait)
+            log.warning(
+                "The vLLM server at %s failed %s %s (%s): trying again in %.0f s",
+                self.base_url,
+                method,
+                path,
+                failure,
+                wait,
+            )
             time.sleep(wait)
             self.reconnected = True
         raise GenerationUnavailable(

@@ -17,10 +17,11 @@ import socket
 import torch
 
 from grpo_kit import Completions, eos_token_ids
+from grpo_kit.contract.distributed import weights_are_sharded
 from grpo_kit.contract.errors import ConfigError
 from grpo_kit_vllm.completions import Sample, sampling_fields, to_completions
 from grpo_kit_vllm.config import VLLMColocateConfig
-from grpo_kit_vllm.weights import base_model_path, is_sharded, named_weights
+from grpo_kit_vllm.weights import base_model_path, named_weights
 
 
 def import_vllm():
@@ -106,7 +107,7 @@ class VLLMColocateGeneration:
 
     def _load(self, model) -> None:
         """The policy's current weights into the engine's model, in memory (every process calls it)."""
-        if is_sharded(self.accelerator):  # gathered whole on the main process, then sent to every engine
+        if weights_are_sharded(self.accelerator):  # gathered whole on the main process, then sent to every engine
             weights = broadcast_weights(dict(named_weights(model, self.accelerator)), self.accelerator)
         else:  # every process holds the whole, identical weights
             weights = dict(named_weights(model, self.accelerator, on_every_process=True))

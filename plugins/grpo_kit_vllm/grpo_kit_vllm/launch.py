@@ -55,7 +55,11 @@ class LaunchedServer:
         self.command, self.log_path = command, log_path
         log_path.parent.mkdir(parents=True, exist_ok=True)
         self.log_file = open(log_path, "ab")  # noqa: SIM115 - open while the server runs
-        environment = {**os.environ, "VLLM_SERVER_DEV_MODE": "1", **{key: str(value) for key, value in (env or {}).items()}}
+        environment = {
+            **os.environ,
+            "VLLM_SERVER_DEV_MODE": "1",
+            **{key: str(value) for key, value in (env or {}).items()},
+        }
         try:
             self.process = subprocess.Popen(
                 command,
@@ -71,8 +75,9 @@ class LaunchedServer:
                 f"generation.launch could not start {command[0]!r}: it is not installed in this environment. "
                 "pip install vllm (GPU machines), or start the server elsewhere and set generation.launch=none."
             ) from None
-        log.info("Started the generation server (pid %d): %s; its log: %s", self.process.pid, " ".join(command),
-                 log_path)
+        log.info(
+            "Started the generation server (pid %d): %s; its log: %s", self.process.pid, " ".join(command), log_path
+        )
 
     def exited(self) -> bool:
         return self.process.poll() is not None

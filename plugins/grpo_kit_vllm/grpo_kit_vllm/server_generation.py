@@ -25,7 +25,9 @@ import torch
 from accelerate.utils import gather_object
 
 from grpo_kit import Completions, eos_token_ids
+from grpo_kit.contract.distributed import weights_are_sharded
 from grpo_kit.contract.errors import ConfigError, GenerationUnavailable
+from grpo_kit.contract.lora import has_adapters
 from grpo_kit_vllm.client import ServerClient, ServerError
 from grpo_kit_vllm.completions import Sample, prompt_runs, runs_by_count, sampling_fields, to_completions
 from grpo_kit_vllm.config import VLLMServerConfig
@@ -45,7 +47,7 @@ from grpo_kit_vllm.transport import (
     send,
     update_info,
 )
-from grpo_kit_vllm.weights import base_model_path, has_adapters, is_sharded, named_weights
+from grpo_kit_vllm.weights import base_model_path, named_weights
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +64,7 @@ class VLLMServerGeneration:
         self.model, self.tokenizer, self.accelerator = model, tokenizer, accelerator
         unwrapped = accelerator.unwrap_model(model)
         self.eos_token_ids = eos_token_ids(unwrapped, tokenizer)
-        if has_adapters(unwrapped) and is_sharded(accelerator):
+        if has_adapters(unwrapped) and weights_are_sharded(accelerator):
             raise ConfigError(
                 "generation=vllm_server sends a LoRA policy's merged weights, which it cannot yet gather under FSDP or "
                 "DeepSpeed ZeRO-3: train with DDP or ZeRO-2, or use generation=transformers."
@@ -130,8 +132,13 @@ class VLLMServerGeneration:
     def _open_weight_transfer(self) -> None:
         """Join the server's workers in one group, as rank 0; both ends must enter at the same time."""
         world_size = self.client.get("/get_world_size")["world_size"] + 1
-        wire = {"rank_offset": 1, "world_size": world_size, "packed": True,
-                "packed_buffer_size_bytes": BUFFER_BYTES, "packed_num_buffers": NUM_BUFFERS}
+        wire = {
+            "rank_offset": 1,
+            "world_size": world_size,
+            "packed": True,
+            "packed_buffer_size_bytes": BUFFER_BYTES,
+            "packed_num_buffers": NUM_BUFFERS,
+        }
         if self.transport == "nccl":
             group = NcclGroup(world_size, self.accelerator.device)
             init_info = {"nccl_unique_id_b64": group.unique_id_b64, **wire}
@@ -155,7 +162,7 @@ class VLLMServerGeneration:
                 raise ServerError(
                     f"The vLLM server at {self.config.base_url} has no weight-transfer routes, so its weights could "
                     "never follow training. Start it with VLLM_SERVER_DEV_MODE=1 and --weight-transfer-config "
-                    f"'{{\"backend\": \"nccl\"}}':\n  {vllm_serve_advice(self.model_path, self.config.base_url)}"
+                    f'\'{{"backend": "nccl"}}\':\n  {vllm_serve_advice(self.model_path, self.config.base_url)}'
                 ) from None
             raise
         joiner.join(timeout=300)
@@ -173,18 +180,27 @@ class VLLMServerGeneration:
         else:
             every = gather_object([prompt_ids])  # one list per process, in process order
             samples = scatter_from_main(accelerator, lambda: split(self._complete(sum(every, []), fields), every))
-        return to_completions(samples, self.eos_token_ids, self.tokenizer.pad_token_id, with_logprobs, accelerator.device)
+        return to_completions(
+            samples, self.eos_token_ids, self.tokenizer.pad_token_id, with_logprobs, accelerator.device
+        )
 
     def _complete(self, prompt_ids: list[list[int]], fields: dict) -> list[Sample]:
         """Every prompt's completion, asking for each run of identical prompts once with n = the run's length."""
         runs = prompt_runs(prompt_ids)
         samples_of_run: list[list[Sample]] = [[] for _ in runs]
         for count, indices in runs_by_count(runs).items():
-            body = {"model": self.model_id, "prompt": [runs[i][0] for i in indices], "n": count,
-                    "return_token_ids": True, **fields}
+            body = {
+                "model": self.model_id,
+                "prompt": [runs[i][0] for i in indices],
+                "n": count,
+                "return_token_ids": True,
+                **fields,
+            }
             choices = sorted(self._post_completions(body)["choices"], key=lambda choice: choice["index"])
             for position, run in enumerate(indices):  # choice index = prompt's position x n + sample
-                samples_of_run[run] = [Sample.from_choice(c) for c in choices[position * count : (position + 1) * count]]
+                samples_of_run[run] = [
+                    Sample.from_choice(c) for c in choices[position * count : (position + 1) * count]
+                ]
         return [sample for samples in samples_of_run for sample in samples]
 
     def _post_completions(self, body: dict) -> dict:
@@ -193,7 +209,7 @@ class VLLMServerGeneration:
         if self.client.reconnected and self.client.get("/weight_info").get("weight_version") != self.version:
             # The server went away and came back without this run's weights: these completions are from other ones.
             log.warning("The vLLM server at %s restarted: sending it the current weights again", self.config.base_url)
-            if is_sharded(self.accelerator):
+            if weights_are_sharded(self.accelerator):
                 raise GenerationUnavailable(
                     f"The vLLM server at {self.config.base_url} restarted and lost the trained weights, which only all "
                     "processes together can send again."

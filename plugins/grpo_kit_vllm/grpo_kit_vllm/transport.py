@@ -138,7 +138,12 @@ def listening_group(address: str, port: int, world_size: int, timeout: datetime.
     gloo on the one the host name resolves to; and whoever joins the group receives the weights."""
     listener = socket.create_server((address, port))
     store = torch.distributed.TCPStore(
-        address, port, world_size, True, timeout=timeout, master_listen_fd=listener.detach()  # the store closes it
+        address,
+        port,
+        world_size,
+        True,
+        timeout=timeout,
+        master_listen_fd=listener.detach(),  # the store closes it
     )
     options = torch.distributed.ProcessGroupGloo._Options()
     options._devices = [torch.distributed.ProcessGroupGloo.create_device(hostname=address)]

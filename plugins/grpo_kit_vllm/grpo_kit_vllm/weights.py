@@ -3,19 +3,9 @@
 from collections.abc import Iterator
 
 import torch
-from accelerate.utils import DistributedType
 
-
-def is_sharded(accelerator) -> bool:
-    """Whether accelerate splits the weights themselves between processes (FSDP, DeepSpeed ZeRO-3)."""
-    state = accelerator.state
-    if state.distributed_type == DistributedType.DEEPSPEED:
-        return state.deepspeed_plugin.zero_stage == 3
-    return state.distributed_type == DistributedType.FSDP
-
-
-def has_adapters(model: torch.nn.Module) -> bool:
-    return hasattr(model, "peft_config") and hasattr(model, "get_base_model")
+from grpo_kit.contract.distributed import weights_are_sharded
+from grpo_kit.contract.lora import has_adapters
 
 
 def base_model_path(model: torch.nn.Module) -> str:
@@ -33,7 +23,7 @@ def named_weights(
     Every process must call it: under FSDP and ZeRO-3 the whole weights are gathered from all of them. Where every
     process holds them whole anyway (DDP, ZeRO-1/2), `on_every_process` has each yield its own.
     """
-    if is_sharded(accelerator):
+    if weights_are_sharded(accelerator):
         state = accelerator.get_state_dict(model)  # a collective; the whole weights land on the main process
         if accelerator.is_main_process:
             yield from _once_each(state.items())

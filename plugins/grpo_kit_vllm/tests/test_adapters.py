@@ -33,7 +33,12 @@ def test_sampling_settings_use_vllm_names_and_send_the_off_values_too():
     # An unset field would take the model's generation_config.json value on a vLLM server.
     config = VLLMServerConfig(max_completion_length=7, temperature=0.7, top_p=0.9)
     assert sampling_fields(config, [1, 7], with_logprobs=False) == {
-        "max_tokens": 7, "temperature": 0.7, "top_p": 0.9, "top_k": 0, "min_p": 0.0, "repetition_penalty": 1.0,
+        "max_tokens": 7,
+        "temperature": 0.7,
+        "top_p": 0.9,
+        "top_k": 0,
+        "min_p": 0.0,
+        "repetition_penalty": 1.0,
         "stop_token_ids": [1, 7],  # every EOS of the trainer's model stops, whatever generation config vLLM read
     }
     fields = sampling_fields(VLLMServerConfig(top_k=5, min_p=0.1), [1], with_logprobs=True)
@@ -45,7 +50,9 @@ def test_choices_become_right_padded_completions_with_eos_kept_active():
         {"index": 0, "token_ids": [5, 6, 1], "finish_reason": "stop", "logprobs": {"token_logprobs": [-1, -2, -3]}},
         {"index": 1, "token_ids": [7, 8, 9, 9], "finish_reason": "length", "logprobs": {"token_logprobs": [-1] * 4}},
     ]
-    out = to_completions([Sample.from_choice(c) for c in choices], [1], pad_token_id=0, with_logprobs=True, device="cpu")
+    out = to_completions(
+        [Sample.from_choice(c) for c in choices], [1], pad_token_id=0, with_logprobs=True, device="cpu"
+    )
     assert out.completion_ids.tolist() == [[5, 6, 1, 0], [7, 8, 9, 9]]
     assert out.completion_mask.tolist() == [[1, 1, 1, 0], [1, 1, 1, 1]]
     assert out.is_truncated.tolist() == [False, True]
@@ -65,8 +72,9 @@ def test_truncation_is_read_from_the_last_token_as_trl_does_not_from_the_finish_
         {"index": 2, "token_ids": [5, 6], "finish_reason": "stop"},  # a stop string from generation_kwargs
         {"index": 3, "token_ids": [5, 6], "finish_reason": "length"},
     ]
-    out = to_completions([Sample.from_choice(c) for c in choices], [1, 7], pad_token_id=0, with_logprobs=False,
-                         device="cpu")
+    out = to_completions(
+        [Sample.from_choice(c) for c in choices], [1, 7], pad_token_id=0, with_logprobs=False, device="cpu"
+    )
     assert out.is_truncated.tolist() == [False, False, True, True]
 
 
@@ -196,8 +204,10 @@ def test_lora_weights_go_out_merged_under_the_base_models_names(tmp_path):
     assert sent.keys() == expected.keys()
     for name, tensor in expected.items():
         torch.testing.assert_close(sent[name], tensor, rtol=0, atol=1e-6, msg=name)
-    assert not torch.equal(sent["model.layers.0.self_attn.q_proj.weight"],
-                           policy.get_base_model().model.layers[0].self_attn.q_proj.base_layer.weight)
+    assert not torch.equal(
+        sent["model.layers.0.self_attn.q_proj.weight"],
+        policy.get_base_model().model.layers[0].self_attn.q_proj.base_layer.weight,
+    )
 
 
 def test_tied_weights_are_sent_once_and_only_by_the_main_process(tmp_path):
@@ -267,7 +277,10 @@ def test_colocate_sleeps_after_generating_and_has_its_weights_back_before_the_ne
 
     directory = build_tiny_model(tmp_path)
     backend = VLLMColocateGeneration(VLLMColocateConfig(sleep_level=level))
-    backend.model, backend.tokenizer = AutoModelForCausalLM.from_pretrained(directory), AutoTokenizer.from_pretrained(directory)
+    backend.model, backend.tokenizer = (
+        AutoModelForCausalLM.from_pretrained(directory),
+        AutoTokenizer.from_pretrained(directory),
+    )
     backend.accelerator, backend.tp_group, backend.asleep = Accelerator(cpu=True), None, set()
     backend.eos_token_ids = grpo_kit.eos_token_ids(backend.model, backend.tokenizer)
     backend.llm, backend.vllm = RecordingEngine(), SimpleNamespace(SamplingParams=dict)
@@ -279,9 +292,18 @@ def test_colocate_sleeps_after_generating_and_has_its_weights_back_before_the_ne
     backend.generate([[3, 4]])  # twice without a step (an evaluation)
     reload = ["wake weights", "reset prefix cache"] if level == 2 else []
     assert backend.llm.calls == [
-        "reset prefix cache", "generate", f"sleep {level}",
-        "wake weights", "reset prefix cache", "wake kv_cache", "generate", f"sleep {level}",
-        *reload, f"wake {'kv_cache' if level == 2 else 'weights+kv_cache'}", "generate", f"sleep {level}",
+        "reset prefix cache",
+        "generate",
+        f"sleep {level}",
+        "wake weights",
+        "reset prefix cache",
+        "wake kv_cache",
+        "generate",
+        f"sleep {level}",
+        *reload,
+        f"wake {'kv_cache' if level == 2 else 'weights+kv_cache'}",
+        "generate",
+        f"sleep {level}",
     ]
     expected = dict(backend.model.named_parameters())
     assert len(backend.llm.loaded) == (3 if level == 2 else 2)  # each update_weights; level 2 once more
@@ -292,8 +314,9 @@ def test_a_vllm_completion_becomes_a_sample_with_its_log_probs():
     from grpo_kit_vllm.colocate import sample_of
 
     logprob = lambda value: SimpleNamespace(logprob=value)  # noqa: E731 - vLLM's Logprob holds more
-    output = SimpleNamespace(token_ids=[7, 1], finish_reason="stop", logprobs=[{7: logprob(-0.5), 2: logprob(-1.0)},
-                                                                              {1: logprob(-0.25)}])
+    output = SimpleNamespace(
+        token_ids=[7, 1], finish_reason="stop", logprobs=[{7: logprob(-0.5), 2: logprob(-1.0)}, {1: logprob(-0.25)}]
+    )
     assert sample_of(output) == Sample([7, 1], logprobs=[-0.5, -0.25])
     cut = SimpleNamespace(token_ids=[7, 7], finish_reason="length", logprobs=None)
     assert sample_of(cut) == Sample([7, 7], logprobs=None)

@@ -53,7 +53,8 @@ class ServerProcess:
         self.log = open(log, "ab")  # noqa: SIM115 - open while the server runs
         self.process = subprocess.Popen(
             [sys.executable, "-m", "grpo_kit_vllm.testing.server", str(model_dir), "--port", str(self.port)],
-            stdout=self.log, stderr=subprocess.STDOUT,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
         )
         deadline = time.monotonic() + 120
         while not self.healthy():
@@ -69,8 +70,9 @@ class ServerProcess:
             return False
 
     def post(self, path: str, body: dict) -> dict:
-        request = urllib.request.Request(f"{self.url}{path}", json.dumps(body).encode(), method="POST",
-                                         headers={"Content-Type": "application/json"})
+        request = urllib.request.Request(
+            f"{self.url}{path}", json.dumps(body).encode(), method="POST", headers={"Content-Type": "application/json"}
+        )
         with urllib.request.urlopen(request, timeout=60) as response:
             return json.loads(response.read())
 
@@ -143,8 +145,12 @@ class Checksums:
     @grpo_kit.hookimpl
     def on_step_end(self, run, step, metrics):
         ours = digests(named_weights(run.model, Accelerator(cpu=True)))
-        request = urllib.request.Request(f"{self.url}/weight_checker", json.dumps({"action": "checksum"}).encode(),
-                                         method="POST", headers={"Content-Type": "application/json"})
+        request = urllib.request.Request(
+            f"{self.url}/weight_checker",
+            json.dumps({"action": "checksum"}).encode(),
+            method="POST",
+            headers={"Content-Type": "application/json"},
+        )
         with urllib.request.urlopen(request) as response:
             theirs = json.loads(response.read())["checksums"]
         assert theirs == ours, f"step {step}: {sorted(k for k in ours if ours[k] != theirs.get(k))} differ"
@@ -181,14 +187,26 @@ def train_with_checksums(model_dir, server, tmp_path, *overrides) -> list[float]
     pm.register(ChecksumsPlugin())
     registry = Registry(pm)
     Checksums.checked.clear()
-    cfg = grpo_kit.compose(tiny_run(
-        model_dir, "generation=vllm_server", f"generation.base_url={server.url}", *overrides,
-        "+reward=accuracy", "+hook=checksums", f"hook.checksums.url={server.url}",
-    ), registry=registry)
+    cfg = grpo_kit.compose(
+        tiny_run(
+            model_dir,
+            "generation=vllm_server",
+            f"generation.base_url={server.url}",
+            *overrides,
+            "+reward=accuracy",
+            "+hook=checksums",
+            f"hook.checksums.url={server.url}",
+        ),
+        registry=registry,
+    )
     grpo_kit.train(cfg, tmp_path / "run", registry)
     assert Checksums.checked == [1, 2, 3]
     lines = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
-    return [line["sampling/importance_sampling_ratio/mean"] for line in lines if "sampling/importance_sampling_ratio/mean" in line]
+    return [
+        line["sampling/importance_sampling_ratio/mean"]
+        for line in lines
+        if "sampling/importance_sampling_ratio/mean" in line
+    ]
 
 
 def test_the_weight_sync_group_listens_on_loopback_alone_and_the_weights_arrive(model_dir, server):
@@ -226,9 +244,16 @@ def test_with_nothing_listening_the_run_fails_within_a_minute_naming_the_url_and
     url = f"http://127.0.0.1:{free_port()}"
     started = time.monotonic()
     result = subprocess.run(
-        grpo_kit_command("+reward=accuracy", "generation=vllm_server", f"generation.base_url={url}",
-                         f"hydra.run.dir={tmp_path / 'run'}"),
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=120,
+        grpo_kit_command(
+            "+reward=accuracy",
+            "generation=vllm_server",
+            f"generation.base_url={url}",
+            f"hydra.run.dir={tmp_path / 'run'}",
+        ),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=120,
     )
     elapsed = time.monotonic() - started
     print(f"failed after {elapsed:.0f} s")
@@ -252,10 +277,17 @@ def test_a_server_killed_mid_run_ends_in_a_checkpoint_and_the_printed_command_re
     first = ServerProcess(model_dir, tmp_path / "server-1.log", port=port)
     run_dir = tmp_path / "run"
     trainer = subprocess.Popen(
-        grpo_kit_command(*tiny_run(model_dir, "trainer.max_steps=30", "trainer.save_steps=1000"),
-                         "+reward=accuracy", "generation=vllm_server", f"generation.base_url={first.url}",
-                         "generation.retries=2", f"hydra.run.dir={run_dir}"),
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        grpo_kit_command(
+            *tiny_run(model_dir, "trainer.max_steps=30", "trainer.save_steps=1000"),
+            "+reward=accuracy",
+            "generation=vllm_server",
+            f"generation.base_url={first.url}",
+            "generation.retries=2",
+            f"hydra.run.dir={run_dir}",
+        ),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
     )
     deadline = time.monotonic() + 300
     while max(metrics_steps(run_dir), default=0) < 3:
@@ -275,8 +307,9 @@ def test_a_server_killed_mid_run_ends_in_a_checkpoint_and_the_printed_command_re
 
     second = ServerProcess(model_dir, tmp_path / "server-2.log", port=port)  # the same address, a fresh server
     try:
-        resumed = subprocess.run(shlex.split(command.replace("python", sys.executable, 1)), capture_output=True,
-                                 text=True, timeout=600)
+        resumed = subprocess.run(
+            shlex.split(command.replace("python", sys.executable, 1)), capture_output=True, text=True, timeout=600
+        )
     finally:
         second.kill()
     assert resumed.returncode == 0, resumed.stderr[-3000:]
@@ -296,10 +329,17 @@ def test_the_main_command_learns_the_embedded_task_through_a_launched_test_serve
     """Without the weight sync the server would sample from the untrained policy, and the reward would not rise."""
     run_dir = tmp_path / "run"
     subprocess.run(
-        grpo_kit_command("+loss=dapo", "+reward=accuracy", "generation=vllm_server", "generation.launch=test",
-                         f"generation.base_url=http://127.0.0.1:{free_port()}", "trainer.progress_bar=false",
-                         f"hydra.run.dir={run_dir}"),
-        check=True, stdout=subprocess.DEVNULL,
+        grpo_kit_command(
+            "+loss=dapo",
+            "+reward=accuracy",
+            "generation=vllm_server",
+            "generation.launch=test",
+            f"generation.base_url=http://127.0.0.1:{free_port()}",
+            "trainer.progress_bar=false",
+            f"hydra.run.dir={run_dir}",
+        ),
+        check=True,
+        stdout=subprocess.DEVNULL,
     )
     first, last = tenths(run_dir)
     print(f"vllm_server: mean reward {first:.3f} in the first tenth of steps, {last:.3f} in the last")
@@ -312,9 +352,18 @@ def test_two_trainer_processes_train_against_one_test_server(model_dir, server, 
     run_dir = tmp_path / "run"
     launch = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2"]
     result = subprocess.run(
-        [*launch, "-m", "grpo_kit", *tiny_run(model_dir, "generation=vllm_server", f"generation.base_url={server.url}"),
-         "+reward=accuracy", f"hydra.run.dir={run_dir}"],
-        capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"},
+        [
+            *launch,
+            "-m",
+            "grpo_kit",
+            *tiny_run(model_dir, "generation=vllm_server", f"generation.base_url={server.url}"),
+            "+reward=accuracy",
+            f"hydra.run.dir={run_dir}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert metrics_steps(run_dir) == [1, 2, 3]
@@ -326,10 +375,17 @@ def test_two_trainer_processes_train_against_one_test_server(model_dir, server, 
 def test_on_sigint_the_run_saves_and_stops_the_server_it_started_and_nothing_else(model_dir, tmp_path):
     run_dir = tmp_path / "run"
     trainer = subprocess.Popen(
-        grpo_kit_command(*tiny_run(model_dir, "trainer.max_steps=200"), "+reward=accuracy",
-                         "generation=vllm_server", "generation.launch=test",
-                         f"generation.base_url=http://127.0.0.1:{free_port()}", f"hydra.run.dir={run_dir}"),
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        grpo_kit_command(
+            *tiny_run(model_dir, "trainer.max_steps=200"),
+            "+reward=accuracy",
+            "generation=vllm_server",
+            "generation.launch=test",
+            f"generation.base_url=http://127.0.0.1:{free_port()}",
+            f"hydra.run.dir={run_dir}",
+        ),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
     )
     deadline = time.monotonic() + 300
     while max(metrics_steps(run_dir), default=0) < 2:

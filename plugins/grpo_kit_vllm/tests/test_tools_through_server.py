@@ -20,11 +20,22 @@ def test_the_calculator_runs_through_a_server_with_the_samplers_log_probs_aligne
     rollout correction's ratio would be far from 1 on this on-policy run."""
     run_dir = tmp_path / "run"
     subprocess.run(
-        [sys.executable, "-m", "grpo_kit", "+reward=accuracy", "+environment=calculator", "generation=vllm_server",
-         "generation.launch=test", f"generation.base_url=http://127.0.0.1:{free_port()}",
-         "rollout_correction=sequence_mask", "trainer.max_steps=3", "trainer.progress_bar=false",
-         f"hydra.run.dir={run_dir}"],
-        check=True, stdout=subprocess.DEVNULL,
+        [
+            sys.executable,
+            "-m",
+            "grpo_kit",
+            "+reward=accuracy",
+            "+environment=calculator",
+            "generation=vllm_server",
+            "generation.launch=test",
+            f"generation.base_url=http://127.0.0.1:{free_port()}",
+            "rollout_correction=sequence_mask",
+            "trainer.max_steps=3",
+            "trainer.progress_bar=false",
+            f"hydra.run.dir={run_dir}",
+        ],
+        check=True,
+        stdout=subprocess.DEVNULL,
     )
     steps = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     steps = [step for step in steps if "tools/call_frequency" in step]

@@ -24,8 +24,6 @@ from grpo_kit_example.configs import GPGAdvantageConfig
 
 
 class GPGAdvantage:
-    needs_groups = True  # compares the completions of one prompt (generation.num_generations >= 2)
-
     def __init__(self, config: GPGAdvantageConfig):
         self.gradient_correction = config.gradient_correction
         self.normalize_by_std = config.normalize_by_std

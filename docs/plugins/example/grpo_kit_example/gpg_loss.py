@@ -22,8 +22,6 @@ from grpo_kit.contract.reductions import global_token_mean, masked_mean
 
 
 class GPG(grpo_kit.Loss):
-    accumulation_invariant = True  # the token mean spans the whole batch, however it is split (checked by the kit)
-
     def per_token_loss(self, inputs):
         per_token_loss = -inputs.advantages * inputs.per_token_logps  # (B, T)
         # The completions that teach something: the authors log the share of these in a batch (1 / alpha).

@@ -4,8 +4,9 @@ Each hook registers plugins of one kind: `register(name, "package.module:Class",
 type (`+loss=gpg`, `advantage=gpg`, `+reward=regex_format`, `+hook=reward_target`); the config dataclass's fields
 become their options. The class is named by its import path and imported only when a run builds it: grpo_kit
 imports this module for every `grpo-kit` command and every composed run, so it must not import torch (the kit's
-contract tests check that). For the same reason what the core checks a run's choices with before building
-anything is declared here (`needs_groups=True`); a run checks that the class says the same.
+contract tests check that). For the same reason the traits the core checks a run's choices with before building
+anything (`accumulation_invariant=True`, `needs_groups=True`) are declared here, and only here: the class does not
+repeat them, and a run hands them to the object it builds.
 """
 
 import grpo_kit
@@ -14,11 +15,14 @@ from grpo_kit_example.configs import GPGAdvantageConfig, RegexFormatConfig, Rewa
 
 @grpo_kit.hookimpl
 def register_losses(register):
-    register("gpg", "grpo_kit_example.gpg_loss:GPG", accumulation_invariant=True)  # no config: no options
+    # No config: no options. The token mean spans the whole batch, so the gradient is the same however the batch is
+    # split into micro-batches (the kit checks it).
+    register("gpg", "grpo_kit_example.gpg_loss:GPG", accumulation_invariant=True)
 
 
 @grpo_kit.hookimpl
 def register_advantages(register):
+    # It compares the completions of one prompt: a run needs generation.num_generations >= 2.
     register("gpg", "grpo_kit_example.gpg_advantage:GPGAdvantage", GPGAdvantageConfig, needs_groups=True)
 
 

@@ -15,7 +15,7 @@ from grpo_kit.testing.contracts import (
 class TestGPGLoss(LossContract):
     plugin_name = "gpg"
     required_metrics = ("gpg/nonzero_advantage_share",)
-    # GPG declares accumulation_invariant = True (the class, and its registration), so the kit checks it.
+    # GPG's registration declares accumulation_invariant=True, so the kit checks it.
 
 
 class TestGPGAdvantage(AdvantageContract):

@@ -1,0 +1,29 @@
+"""Which speed-ups a model's training passes take, set from the config when the model is loaded.
+
+`load_model` attaches them to the model it returns, so every pass over it (the training pass, the old and the
+reference log-probs, a LoRA policy's adapter-free reference, a deep copy) takes the same ones, whoever calls it.
+A model loaded otherwise takes every speed-up where it applies.
+"""
+
+from dataclasses import dataclass
+
+ATTRIBUTE = "_grpo_kit_speed_ups"
+
+
+@dataclass(frozen=True)
+class SpeedUps:
+    """Each true: the speed-up where it applies (fast/*.py says where); false: the plain path. The config's
+    model.mask_free_passes, model.length_groups and model.cpu_chunked_attention."""
+
+    mask_free_passes: bool = True
+    length_groups: bool = True
+    cpu_chunked_attention: bool = True
+
+
+def use_speed_ups(model, speed_ups: SpeedUps) -> None:
+    setattr(model, ATTRIBUTE, speed_ups)
+
+
+def speed_ups_of(model) -> SpeedUps:
+    """`model`'s speed-ups; `model` is the transformers model itself or its PEFT wrapper, which reads through."""
+    return getattr(model, ATTRIBUTE, SpeedUps())

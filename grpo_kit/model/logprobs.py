@@ -1,0 +1,232 @@
+"""The plain path: per-token log-probs and entropies of a micro-batch's completions under a model.
+
+One forward pass over each row's prompt and completion with its attention mask, the logits of the positions that
+predict the completion tokens, their log-softmax. The speed-ups beside it (grpo_kit/model/fast/, docs/training.md,
+"Speed-ups") each step in at one named point, and each gives these values up to float rounding:
+- `model_inputs`: the mask-free inputs (fast/mask_free.py);
+- `per_token_logps_and_entropies` and `last_hidden_states`: length groups (fast/length_groups.py);
+- `per_token_logps_and_entropies`: chunked logits, when the caller gives a chunk size (fast/chunked_logits.py);
+- `run_model`: the CPU's chunked causal attention (fast/causal_attention.py).
+"""
+
+import contextlib
+
+import torch
+
+from grpo_kit.model.fast.causal_attention import chunked_causal_attention_on_cpu
+from grpo_kit.model.fast.chunked_logits import chunked_logps_and_entropies
+from grpo_kit.model.fast.length_groups import in_length_groups
+from grpo_kit.model.fast.mask_free import longest_move_for_logits, mask_free_inputs
+from grpo_kit.model.fast.switches import SpeedUps, speed_ups_of
+from grpo_kit.model.lora import AdapterFreeReference
+
+
+def per_token_logps_and_entropies(
+    model,
+    batch: dict[str, torch.Tensor],
+    temperature: float,
+    entropy_grad: bool = False,
+    chunk_size: int | None = None,
+    router: "RouterLoads | None" = None,
+) -> tuple[torch.Tensor, torch.Tensor]:  # (B, T), (B, T)
+    """Log-probs of the completion tokens and the entropy of each next-token distribution.
+
+    The entropies carry a gradient only when asked (an entropy bonus needs one); otherwise they are metrics.
+    With `chunk_size`, the (B, T, V) logits never exist: see `chunked_logps_and_entropies`. With `router`, a
+    mixture-of-experts model's router logits are collected into it, for the load-balancing loss.
+    """
+    if chunk_size is not None:
+        head = OutputHead(model)
+        hidden = last_hidden_states(model, batch, head, router)
+        return chunked_logps_and_entropies(hidden, head, batch["completion_ids"], temperature, entropy_grad, chunk_size)
+
+    def logits_pass(part):
+        return _logps_and_entropies_of_logits(model, part, temperature, entropy_grad, router)
+
+    return in_length_groups(logits_pass, batch) if speed_ups(model).length_groups else logits_pass(batch)
+
+
+def _logps_and_entropies_of_logits(model, batch, temperature: float, entropy_grad: bool, router=None):  # (B, T), (B, T)
+    completion_ids = batch["completion_ids"]
+    length = completion_ids.shape[1]
+    width = batch["prompt_ids"].shape[1] + length
+    vocab = unwrapped(model).config.get_text_config().vocab_size
+    inputs, shift = model_inputs(model, batch, max_shift=longest_move_for_logits(width, vocab))
+    if router is not None:
+        inputs["output_router_logits"] = True
+    out = run_model(model, inputs, logits_to_keep=length + 1 + int(shift.max()))
+    if router is not None:
+        router.add(out.router_logits, _real_tokens(batch, shift))
+    logits = out.logits[:, :-1]  # the last predicts nothing
+    log_probs = (logits.float() / temperature).log_softmax(dim=-1)  # (B, T + shift.max(), V)
+    rows, columns = completion_columns(shift, length)  # position columns[b, t] predicts completion token t
+    per_token_logps = log_probs[rows, columns, completion_ids]  # (B, T)
+    with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
+        entropies = -(log_probs.exp() * log_probs).sum(dim=-1)[rows, columns]
+    return per_token_logps, entropies
+
+
+def model_inputs(
+    model, batch: dict[str, torch.Tensor], max_shift: int | None = None
+) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+    """The model's inputs for one pass over the prompts and completions of `batch`, and how far each row was moved
+    left (B,) for `completion_columns`: the prompts (padded on the left) and completions (on the right) side by side
+    with their attention mask, rows unmoved; where the model takes mask-free passes, rows moved left instead, by at
+    most `max_shift` (fast/mask_free.py)."""
+    input_ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)  # (B, W)
+    attention_mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)  # (B, W)
+    if speed_ups(model).mask_free_passes:
+        moved = mask_free_inputs(input_ids, attention_mask, unwrapped(model).config.get_text_config(), max_shift)
+        if moved is not None:
+            return moved
+    unmoved = torch.zeros(len(input_ids), dtype=torch.long, device=input_ids.device)
+    return {"input_ids": input_ids, "attention_mask": attention_mask}, unmoved
+
+
+def completion_columns(shift: torch.Tensor, length: int) -> tuple[torch.Tensor, torch.Tensor]:  # (B, 1), (B, T)
+    """Rows and columns that pick, from a pass over `model_inputs` cut to its last `length + shift.max()` positions
+    before the final one, the position that predicts each of the `length` completion tokens of each row."""
+    rows = torch.arange(len(shift), device=shift.device).unsqueeze(1)
+    return rows, (shift.max() - shift).unsqueeze(1) + torch.arange(length, device=shift.device)
+
+
+def run_model(model, inputs: dict[str, torch.Tensor], **kwargs):
+    """The model's forward pass over `inputs`; on the CPU, with the chunked causal attention where it applies."""
+    chunked_attention = speed_ups(model).cpu_chunked_attention
+    with chunked_causal_attention_on_cpu(unwrapped(model)) if chunked_attention else contextlib.nullcontext():
+        return model(**inputs, **kwargs)
+
+
+def speed_ups(model) -> SpeedUps:
+    """The speed-ups `model`'s passes take (model.mask_free_passes, model.length_groups,
+    model.cpu_chunked_attention)."""
+    return speed_ups_of(unwrapped(model))
+
+
+def unwrapped(model):
+    """The transformers model inside DDP/DeepSpeed's `.module` and the adapter-free reference of a LoRA policy."""
+    if isinstance(model, AdapterFreeReference):
+        model = model.policy
+    while isinstance(getattr(model, "module", None), torch.nn.Module):  # DistributedDataParallel, DeepSpeed
+        model = model.module
+    return model
+
+
+class RouterLoads:
+    """A mixture-of-experts model's load-balancing loss (Switch Transformer, arXiv 2101.03961, eqs. 4-6) over the
+    real tokens of one micro-batch, from the router logits of the one or more forward passes that cover it.
+
+    The loss multiplies two means over every (layer, token) pair, so it is not a sum over passes: each pass's
+    router logits and real-token mask are kept, and the loss is computed once over all of them, as one masked
+    pass over the whole micro-batch gives it (TRL's). It is transformers' Mixtral function, which TRL 1.16 uses
+    for every MoE family.
+    """
+
+    def __init__(self, model):
+        text_config = unwrapped(model).config.get_text_config()
+        self.num_experts, self.top_k = text_config.num_experts, text_config.num_experts_per_tok
+        self.layers: list[list[torch.Tensor]] = []  # per pass: each MoE layer's (B * W, E) router logits
+        self.masks: list[torch.Tensor] = []  # per pass: (B * W,) 1 on the real tokens
+
+    def add(self, router_logits: tuple[torch.Tensor, ...], tokens: torch.Tensor) -> None:
+        """One pass's router logits, and its (B, W) real tokens in the layout it ran in."""
+        self.layers.append(list(router_logits))
+        self.masks.append(tokens.reshape(-1))
+
+    def loss(self) -> torch.Tensor:  # scalar
+        from transformers.models.mixtral.modeling_mixtral import load_balancing_loss_func
+
+        per_layer = tuple(torch.cat(logits) for logits in zip(*self.layers))
+        return load_balancing_loss_func(per_layer, self.num_experts, self.top_k, torch.cat(self.masks)[None])
+
+
+def _real_tokens(batch: dict[str, torch.Tensor], shift: torch.Tensor) -> torch.Tensor:  # (B, W)
+    """1 on the prompt and completion tokens, in the layout `model_inputs` gave the pass (each row moved left by
+    `shift`, its padding wrapped to its end)."""
+    attention_mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)
+    width = attention_mask.shape[1]
+    columns = torch.arange(width, device=attention_mask.device)
+    return attention_mask.gather(1, (columns + shift[:, None]) % width)
+
+
+class OutputHead:
+    """The model's LM head (`get_output_embeddings()`) as its forward pass applies it to the last hidden states.
+
+    It sees through the wrappers a policy may have: accelerate's DDP/DeepSpeed `.module`, PEFT (whose head is the
+    base model's), and the adapter-free reference of a LoRA policy (whose head then runs with the adapters off).
+    A final logit soft-capping in the model's config (Gemma 2) is applied as the model applies it, and the head runs
+    under the autocast that the model's forward ran it under (`last_hidden_states` records it).
+    """
+
+    def __init__(self, model):
+        self.adapters_off = contextlib.nullcontext
+        if isinstance(model, AdapterFreeReference):
+            self.adapters_off = model.policy.disable_adapter
+        model = unwrapped(model)
+        self.module = model.get_output_embeddings()
+        if self.module is None:
+            raise ValueError(f"{type(model).__name__} has no output embeddings (get_output_embeddings() is None).")
+        self.softcap = getattr(model.config.get_text_config(), "final_logit_softcapping", None)
+        self.autocast: tuple[str, torch.dtype] | None = None  # (device type, dtype) when the model ran it in one
+
+    def precision(self):
+        """The autocast the model's forward ran the head under (accelerate's mixed precision), or none."""
+        return torch.autocast(self.autocast[0], dtype=self.autocast[1]) if self.autocast else contextlib.nullcontext()
+
+    def __call__(self, hidden: torch.Tensor) -> torch.Tensor:  # (..., H) -> (..., V)
+        with self.adapters_off(), self.precision():
+            logits = self.module(hidden)
+        if self.softcap:
+            logits = torch.tanh(logits / self.softcap) * self.softcap
+        return logits
+
+    def record_autocast(self, module, args) -> None:  # a forward pre-hook on the head
+        device_type = args[0].device.type
+        if torch.is_autocast_enabled(device_type):
+            self.autocast = (device_type, torch.get_autocast_dtype(device_type))
+
+
+def last_hidden_states(
+    model, batch: dict[str, torch.Tensor], head: OutputHead, router=None
+) -> torch.Tensor:  # (B, T, H)
+    """The final hidden states at the T positions that predict the completion tokens, from forward passes that
+    compute the logits of the last position only.
+
+    The model itself is called (not its inner decoder), so DDP's hooks, PEFT's adapters and the adapter-free
+    reference work as in the plain path. Its last-position logits check that `head` reproduces the model's
+    logits from these hidden states; a model that post-processes them otherwise is refused, not silently wrong.
+    With `router`, the passes' router logits are collected into it (`RouterLoads`).
+    """
+
+    def hidden_pass(part):
+        return _last_hidden_states(model, part, head, router)
+
+    return in_length_groups(hidden_pass, batch) if speed_ups(model).length_groups else hidden_pass(batch)
+
+
+def _last_hidden_states(model, batch: dict[str, torch.Tensor], head: OutputHead, router=None) -> torch.Tensor:
+    inputs, shift = model_inputs(model, batch)
+    if router is not None:
+        inputs["output_router_logits"] = True
+    hook = head.module.register_forward_pre_hook(head.record_autocast)
+    try:
+        out = run_model(model, inputs, output_hidden_states=True, logits_to_keep=1)
+    finally:
+        hook.remove()
+    if getattr(out, "hidden_states", None) is None:
+        raise ValueError(f"{type(model).__name__} returns no hidden states: use model.logits=full.")
+    if router is not None:
+        router.add(out.router_logits, _real_tokens(batch, shift))
+    hidden = out.hidden_states[-1]  # (B, P + T, H), after the final norm
+    with torch.no_grad():
+        expected, ours = out.logits[:, -1].float(), head(hidden[:, -1]).float()
+        difference = (expected - ours).abs().max().item()
+        if not difference <= 1e-2 * expected.abs().max().item() + 1e-5:
+            raise ValueError(
+                f"{type(head.module).__name__} applied to the last hidden states does not give this model's logits "
+                f"(they differ by up to {difference:.3g}): the model post-processes its logits in a way the chunked "
+                "and Liger paths do not know. Use model.logits=full for this model."
+            )
+    length = batch["completion_ids"].shape[1]
+    rows, columns = completion_columns(shift, length)
+    return hidden[:, -(length + 1 + int(shift.max())) : -1][rows, columns]  # position t predicts completion token t
