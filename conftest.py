@@ -48,6 +48,19 @@ def tiny_model(tmp_path_factory):
 
 
 @pytest.fixture
+def soft_capped_model():
+    """An untrained one-layer Gemma2 whose logits are soft-capped (final_logit_softcapping), from seed 0."""
+    import torch
+    from transformers import Gemma2Config, Gemma2ForCausalLM
+
+    torch.manual_seed(0)
+    size = dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2, head_dim=8)
+    return Gemma2ForCausalLM(
+        Gemma2Config(vocab_size=23, num_key_value_heads=1, final_logit_softcapping=0.5, pad_token_id=0, **size)
+    )
+
+
+@pytest.fixture
 def local_plugin(tmp_path, monkeypatch):
     """Write a plugin module into a folder on sys.path; returns its module name."""
     monkeypatch.syspath_prepend(str(tmp_path))

@@ -103,17 +103,9 @@ def test_sdpa_itself_where_the_attention_is_not_plain_causal(case, monkeypatch):
 
 def tiny_model(attention: str = "sdpa") -> Qwen2ForCausalLM:
     torch.manual_seed(0)
-    config = Qwen2Config(
-        vocab_size=17,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=512,
-        attn_implementation=attention,
-    )
-    return Qwen2ForCausalLM(config)
+    layers = dict(num_hidden_layers=2, hidden_size=32, intermediate_size=64, max_position_embeddings=512)
+    heads = dict(num_attention_heads=4, num_key_value_heads=2)
+    return Qwen2ForCausalLM(Qwen2Config(vocab_size=17, attn_implementation=attention, **layers, **heads))
 
 
 def logits_and_grads(model, ids, context):
@@ -190,4 +182,5 @@ def test_importing_grpo_kit_registers_nothing_in_transformers_until_a_model_runs
     """)
     child = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert child.returncode == 0, child.stderr
-    assert child.stdout.splitlines() == ["after import [False, False]", "after a pass [True, True]"]
+    printed = [line for line in child.stdout.splitlines() if line.startswith("after ")]  # a library may print too
+    assert printed == ["after import [False, False]", "after a pass [True, True]"]

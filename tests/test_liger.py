@@ -11,7 +11,7 @@ import os
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, Gemma2Config, Gemma2ForCausalLM
+from transformers import AutoModelForCausalLM
 
 import grpo_kit
 from grpo_kit.objective.policy_loss import PolicyLoss
@@ -262,22 +262,10 @@ def test_mixed_precision_runs_the_head_as_the_model_does(registry, tiny_model):
 
 
 @needs_liger
-def test_soft_capped_logits_get_the_chunked_path(registry, caplog):
-    torch.manual_seed(0)
-    config = Gemma2Config(
-        vocab_size=23,
-        hidden_size=16,
-        intermediate_size=32,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        head_dim=8,
-        final_logit_softcapping=0.5,
-        pad_token_id=0,
-    )
+def test_soft_capped_logits_get_the_chunked_path(registry, caplog, soft_capped_model):
     liger, plain = liger_and_plain(registry, ["+loss=dapo"])
     with caplog.at_level(logging.WARNING, logger="grpo_kit.objective.policy_loss"):
-        compare(liger, plain, Gemma2ForCausalLM(config))
+        compare(liger, plain, soft_capped_model)
     assert liger.last_path == "chunked" and "final_logit_softcapping" in caplog.text
 
 

@@ -248,17 +248,9 @@ def test_a_signal_during_evaluation_abandons_it_saves_and_stops(tiny_model, tmp_
 def test_resuming_with_changed_settings_is_refused_with_the_differences(registry, tiny_model, tmp_path):
     import grpo_kit
     from grpo_kit.contract.errors import ConfigError
+    from grpo_kit.testing import tiny_run
 
-    base = [
-        "+loss=dapo",
-        "+reward=accuracy",
-        f"model.name_or_path={tiny_model}",
-        "generation.num_generations=4",
-        "trainer.per_device_train_batch_size=8",
-        "trainer.max_steps=2",
-        "trainer.progress_bar=false",
-        "trainer.logging_steps=1",
-    ]
+    base = tiny_run(tiny_model, "+loss=dapo", "+reward=accuracy", "trainer.max_steps=2")
     grpo_kit.train(grpo_kit.compose(base, registry), tmp_path, registry)
     changed = grpo_kit.compose([*base, "trainer.resume=auto", "trainer.max_steps=3", "loss.epsilon=0.3"], registry)
     with pytest.raises(

@@ -43,20 +43,13 @@ def trl_loss_and_gradients(trl, model, batch, reduction, coef):
     batch = batch | {"num_items_in_batch": torch.tensor(reduction.num_items_in_batch)}
     model = copy.deepcopy(model)
     trl.trainer.utils.add_fused_lm_head(model, temperature=TEMPERATURE, outputs=("log_probs", "entropy"))
+    dapo = dict(loss_type="dapo", epsilon_low=0.2, epsilon_high=0.28, beta=0.0, importance_sampling_level="token")
+    nothing_else = dict(top_entropy_quantile=1.0, off_policy_mask_threshold=None, _entropy_bonus_enabled=False)
+    router = dict(aux_loss_enabled=True, router_aux_loss_coef=coef, current_gradient_accumulation_steps=ACCUMULATION)
     trainer = types.SimpleNamespace(
         args=types.SimpleNamespace(steps_per_generation=ACCUMULATION, delta=None, use_bias_correction_kl=True),
-        loss_type="dapo",
-        epsilon_low=0.2,
-        epsilon_high=0.28,
-        beta=0.0,
-        importance_sampling_level="token",
-        top_entropy_quantile=1.0,
-        off_policy_mask_threshold=None,
-        _entropy_bonus_enabled=False,
+        **dapo | nothing_else | router,
         use_vllm=False,
-        aux_loss_enabled=True,
-        router_aux_loss_coef=coef,
-        current_gradient_accumulation_steps=ACCUMULATION,
         model=types.SimpleNamespace(training=True),
         accelerator=Accelerator(cpu=True),
         temperature=TEMPERATURE,

@@ -119,8 +119,7 @@ def test_a_generator_lost_mid_step_saves_the_last_whole_step_and_the_resumed_run
 
         @grpo_kit.hookimpl
         def register_rewards(register):
-            register("digits", lambda completions, **_: [sum(c.isdigit() for c in t) / max(len(t), 1) for t in
-            completions])
+            register("digits", lambda completions, **_: [sum(map(str.isdigit, t)) / (len(t) or 1) for t in completions])
     """,
     )
     from grpo_kit.contract.errors import GenerationUnavailable

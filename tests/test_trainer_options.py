@@ -219,14 +219,11 @@ def test_tensorboard_names_the_run_by_its_folder(registry, tiny_model, tmp_path)
 # -- save_only_model -----------------------------------------------------------------------------------------------
 
 
+EVERY_STEP_SAVED = ("+reward=digits", "trainer.save_steps=1", "trainer.save_total_limit=5")
+
+
 def test_save_only_model_checkpoints_hold_the_weights_and_refuse_to_resume(registry, tiny_model, tmp_path):
-    overrides = tiny_run(
-        tiny_model,
-        "+reward=digits",
-        "trainer.save_steps=1",
-        "trainer.save_total_limit=5",
-        "trainer.save_only_model=true",
-    )
+    overrides = tiny_run(tiny_model, *EVERY_STEP_SAVED, "trainer.save_only_model=true")
     run_dir = tmp_path / "run"
     grpo_kit.train(grpo_kit.compose(overrides, registry), run_dir, registry)
     checkpoints = sorted((run_dir / "checkpoints").iterdir())
@@ -262,21 +259,13 @@ def test_a_run_stopped_early_saves_a_whole_checkpoint_even_with_save_only_model(
 
         @grpo_kit.hookimpl
         def register_rewards(register):
-            register("digits", lambda completions, **_: [sum(c.isdigit() for c in t) / max(len(t), 1) for t in
-            completions])
+            register("digits", lambda completions, **_: [sum(map(str.isdigit, t)) / (len(t) or 1) for t in completions])
     """,
     )
     from grpo_kit.plugins.registry import Registry, plugin_manager
 
     registry = Registry(plugin_manager(local_modules=[module]))
-    overrides = tiny_run(
-        tiny_model,
-        "+reward=digits",
-        "trainer.save_steps=1",
-        "trainer.save_total_limit=5",
-        "trainer.save_only_model=true",
-        "trainer.max_steps=4",
-    )
+    overrides = tiny_run(tiny_model, *EVERY_STEP_SAVED, "trainer.save_only_model=true", "trainer.max_steps=4")
     with pytest.raises(Stopped):
         grpo_kit.train(grpo_kit.compose(overrides, registry), tmp_path, registry)
     saved = {c.name: sorted(p.name for p in c.iterdir()) for c in (tmp_path / "checkpoints").iterdir()}

@@ -153,11 +153,7 @@ def _paired_section(paired: PairedComparison, figures: list[Path]) -> list[str]:
         unpaired = ", ".join(_cell(label) for label in paired.unpaired)
         lines += ["", f"Not compared, no seed on the baseline's rollouts: {unpaired}."]
     if paired.differences:
-        lines += [
-            "",
-            "| variant | metric | all steps | last quarter | seeds |",
-            "|---|---|---|---|---|",
-        ]
+        lines += ["", "| variant | metric | all steps | last quarter | seeds |", "|---|---|---|---|---|"]
         for difference in paired.differences:
             lines.append(
                 f"| {_cell(difference.variant)} | {difference.metric} | {_signed(*difference.averaged())} "

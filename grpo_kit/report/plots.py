@@ -41,12 +41,7 @@ FIGURES = [
     Figure("completion_length.png", "Completion length", "tokens per completion (mean)", ("completions/mean_length",)),
     Figure("kl.png", "KL divergence to the reference model", "KL (k3 estimate, per token)", ("kl",)),
     Figure("entropy.png", "Policy entropy", "entropy (nats per token)", ("entropy",)),
-    Figure(
-        "clip_ratio.png",
-        "Clipped tokens",
-        "share of tokens clipped",
-        ("clip_ratio/region_mean", "*_clip_ratio"),
-    ),
+    Figure("clip_ratio.png", "Clipped tokens", "share of tokens clipped", ("clip_ratio/region_mean", "*_clip_ratio")),
 ]
 
 

@@ -425,10 +425,7 @@ class LossContract(PluginContract):
             assert (grad_a[padding] == 0).all(), f"padding tokens got a gradient ({where})"
             for name in metrics_a:
                 _assert_close(
-                    metrics_a[name],
-                    metrics_b[name],
-                    equal_nan=True,
-                    what=f"padding changed metric {name!r} ({where})",
+                    metrics_a[name], metrics_b[name], equal_nan=True, what=f"padding changed metric {name!r} ({where})"
                 )
 
     @pytest.mark.parametrize("level", [TOKEN, SEQUENCE])

@@ -56,17 +56,9 @@ def build_tiny_moe_model(directory: str | Path, family: str = "qwen3_moe", seed:
     config_name, model_name, experts = MIXTURES_OF_EXPERTS[family]
     tokenizer = build_tokenizer()
     torch.manual_seed(seed)
-    architecture = dict(
-        hidden_size=16,
-        intermediate_size=32,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        num_hidden_layers=2,
-        max_position_embeddings=128,
-        num_experts_per_tok=2,
-        tie_word_embeddings=True,
-        bos_token_id=None,
-    )
+    layers = dict(num_hidden_layers=2, hidden_size=16, intermediate_size=32, max_position_embeddings=128)
+    heads = dict(num_attention_heads=2, num_key_value_heads=1, num_experts_per_tok=2)
+    architecture = layers | heads | dict(tie_word_embeddings=True, bos_token_id=None)
     model_config = getattr(transformers, config_name)(
         vocab_size=len(tokenizer),
         pad_token_id=tokenizer.pad_token_id,

@@ -56,12 +56,7 @@ class TrainState:
             "entropy_control": self.entropy_control.state_dict(),
             # Each process's own generation batch and random generators, by process index.
             "processes": gather_object(
-                [
-                    {
-                        "batch": None if self.batch is None else self.batch.state_dict(),
-                        "random": random_states(),
-                    }
-                ]
+                [{"batch": None if self.batch is None else self.batch.state_dict(), "random": random_states()}]
             ),
         }
 

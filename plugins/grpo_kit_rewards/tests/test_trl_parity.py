@@ -50,11 +50,7 @@ OURS_AND_TRLS = [
         "trl.rewards:get_soft_overlong_punishment",
         {"max_completion_len": 100, "soft_punish_cache": 20},
     ),
-    (
-        CosineScaled(CosineScaledConfig(max_len=100)),
-        "trl.rewards:get_cosine_scaled_reward",
-        {"max_len": 100},
-    ),
+    (CosineScaled(CosineScaledConfig(max_len=100)), "trl.rewards:get_cosine_scaled_reward", {"max_len": 100}),
     (
         RepetitionPenalty(RepetitionPenaltyConfig(ngram_size=2, max_penalty=-0.5)),
         "trl.rewards:get_repetition_penalty_reward",

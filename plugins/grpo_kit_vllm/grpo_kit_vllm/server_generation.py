@@ -38,15 +38,7 @@ from grpo_kit_vllm.launch import (
     vllm_serve_advice,
     vllm_serve_command,
 )
-from grpo_kit_vllm.transport import (
-    BUFFER_BYTES,
-    NUM_BUFFERS,
-    GlooGroup,
-    NcclGroup,
-    TensorMeta,
-    send,
-    update_info,
-)
+from grpo_kit_vllm.transport import BUFFER_BYTES, NUM_BUFFERS, GlooGroup, NcclGroup, TensorMeta, send, update_info
 from grpo_kit_vllm.weights import base_model_path, named_weights
 
 log = logging.getLogger(__name__)

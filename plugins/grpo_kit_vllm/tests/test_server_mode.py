@@ -235,6 +235,9 @@ def test_a_server_off_loopback_needs_the_weight_sync_address_chosen_explicitly()
     assert weight_sync_host(VLLMServerConfig(base_url=remote, weight_sync_host="192.0.2.2")) == "192.0.2.2"
 
 
+OUTPUT_AS_TEXT = dict(stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # a child's output, for asserts
+
+
 def grpo_kit_command(*overrides: str) -> list[str]:
     return [sys.executable, "-m", "grpo_kit", *overrides]
 
@@ -250,9 +253,7 @@ def test_with_nothing_listening_the_run_fails_within_a_minute_naming_the_url_and
             f"generation.base_url={url}",
             f"hydra.run.dir={tmp_path / 'run'}",
         ),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
+        **OUTPUT_AS_TEXT,
         timeout=120,
     )
     elapsed = time.monotonic() - started
@@ -285,9 +286,7 @@ def test_a_server_killed_mid_run_ends_in_a_checkpoint_and_the_printed_command_re
             "generation.retries=2",
             f"hydra.run.dir={run_dir}",
         ),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
+        **OUTPUT_AS_TEXT,
     )
     deadline = time.monotonic() + 300
     while max(metrics_steps(run_dir), default=0) < 3:
@@ -383,9 +382,7 @@ def test_on_sigint_the_run_saves_and_stops_the_server_it_started_and_nothing_els
             f"generation.base_url=http://127.0.0.1:{free_port()}",
             f"hydra.run.dir={run_dir}",
         ),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
+        **OUTPUT_AS_TEXT,
     )
     deadline = time.monotonic() + 300
     while max(metrics_steps(run_dir), default=0) < 2:
