@@ -178,13 +178,8 @@ def snapshot(directory):
 @pytest.mark.slow
 def test_a_resume_refused_from_the_command_line_rewrites_nothing(tiny_model, tmp_path):
     run_dir = tmp_path / "run"
-    command = [
-        sys.executable,
-        "-m",
-        "grpo_kit",
-        *tiny_run(tiny_model, "+reward=accuracy", "trainer.max_steps=1"),
-        f"hydra.run.dir={run_dir}",
-    ]
+    overrides = tiny_run(tiny_model, "+reward=accuracy", "trainer.max_steps=1", f"hydra.run.dir={run_dir}")
+    command = [sys.executable, "-m", "grpo_kit", *overrides]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     first = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
     assert first.returncode == 0, first.stdout + first.stderr
