@@ -115,8 +115,11 @@ def damage(checkpoint: Path) -> str | None:
     except (ValueError, KeyError, TypeError) as error:
         return f"its {MANIFEST} is unreadable ({error})"
     if manifest.get("format", 1) != FORMAT:
-        return (f"an earlier grpo_kit wrote it, whose checkpoints lay out the training state otherwise (format "
-                f"{manifest.get('format', 1)}; this version reads format {FORMAT}): resume it with the version that saved it")
+        return (
+            f"an earlier grpo_kit wrote it, whose checkpoints lay out the training state otherwise (format "
+            f"{manifest.get('format', 1)}; this version reads format {FORMAT}): resume it with the version that "
+            "saved it"
+        )
     for name, expected in checksums.items():
         if not (checkpoint / name).is_file():
             return f"{name} is missing"
@@ -278,8 +281,9 @@ def checkpoint_to_resume(run_dir: Path, cfg: DictConfig) -> Path | None:
     trained = trained_steps(run_dir)
     if trained and resume:
         why = (
-            "none of its checkpoints is intact (the warnings above say why)" if saved_checkpoints(run_dir) else
-            "no checkpoint to resume from (trainer.save_steps was 0, or the run stopped before its first save)"
+            "none of its checkpoints is intact (the warnings above say why)"
+            if saved_checkpoints(run_dir)
+            else "no checkpoint to resume from (trainer.save_steps was 0, or the run stopped before its first save)"
         )
         raise ConfigError(
             f"{run_dir} holds a run that trained {trained} step(s) but {why}. It is left untouched: train into "
@@ -347,8 +351,14 @@ def restore_run_files(checkpoint: Path, run_dir: Path) -> None:
 
 # Settings that may change between a run and its resumption without changing what it computes.
 RESUMABLE_CHANGES = {
-    "trainer.resume", "trainer.resume_force", "trainer.progress_bar", "model.logits", "model.logits_chunk_size",
-    "model.mask_free_passes", "model.length_groups", "model.cpu_chunked_attention",
+    "trainer.resume",
+    "trainer.resume_force",
+    "trainer.progress_bar",
+    "model.logits",
+    "model.logits_chunk_size",
+    "model.mask_free_passes",
+    "model.length_groups",
+    "model.cpu_chunked_attention",
 }
 
 
@@ -361,7 +371,8 @@ def check_resumable(saved: dict, cfg: DictConfig, checkpoint: Path) -> None:
     ]
     if changed and not cfg.trainer.resume_force:
         raise ConfigError(
-            f"{checkpoint} was saved with other settings:\n  " + "\n  ".join(changed)
+            f"{checkpoint} was saved with other settings:\n  "
+            + "\n  ".join(changed)
             + "\nResume with the same settings, or add trainer.resume_force=true to go on with the new ones."
         )
     if changed:

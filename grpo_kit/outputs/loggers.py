@@ -15,8 +15,8 @@ class JsonlLogger:
     def on_train_start(self, run):
         self.path = run.directory / "metrics.jsonl" if run.accelerator.is_main_process else None
         if self.path is not None and not run.start_step:
-            # A fresh run: the run directory was claimed (grpo_kit/outputs/checkpoints.py), so what is here belongs to an
-            # attempt that failed before its first step.
+            # A fresh run: the run directory was claimed (grpo_kit/outputs/checkpoints.py), so what is here belongs
+            # to an attempt that failed before its first step.
             self.path.write_text("")
 
     @hookimpl
@@ -29,7 +29,11 @@ class JsonlLogger:
 class ConsoleLogger:
     """A progress bar over the optimizer steps showing the last logged reward and loss (and eval reward)."""
 
-    SHOWN = [("reward", "reward", ".3f"), ("loss", "loss", ".4f"), ("eval/reward", "eval", ".3f")]  # metric, label, format
+    SHOWN = [
+        ("reward", "reward", ".3f"),
+        ("loss", "loss", ".4f"),
+        ("eval/reward", "eval", ".3f"),
+    ]  # metric, label, format
     bar = None
 
     @hookimpl

@@ -61,7 +61,11 @@ def differences(recorded: dict, current: dict) -> list[str]:
         for key in sorted(before.keys() | after.keys()):
             if before.get(key) != after.get(key):
                 lines.append(f"{section} {key}: {_show(before.get(key))} -> {_show(after.get(key))}")
-    if "config_sha256" in recorded and "config_sha256" in current and recorded["config_sha256"] != current["config_sha256"]:
+    if (
+        "config_sha256" in recorded
+        and "config_sha256" in current
+        and recorded["config_sha256"] != current["config_sha256"]
+    ):
         lines.append("the resolved config differs (config_sha256)")
     return lines
 
@@ -77,7 +81,10 @@ def record_session(run_dir: Path, registry: Registry, cfg: DictConfig, start_ste
     if changed:
         log.warning(
             "The steps up to %d of this run were trained with other plugins or settings than now; %s records "
-            "both:\n  %s", start_step, LOCK_FILE, "\n  ".join(changed),
+            "both:\n  %s",
+            start_step,
+            LOCK_FILE,
+            "\n  ".join(changed),
         )
     if changed or not sessions:
         sessions.append({"from_step": start_step, **current})
