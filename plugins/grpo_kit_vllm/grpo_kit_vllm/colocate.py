@@ -19,7 +19,7 @@ import torch
 from grpo_kit import Completions, eos_token_ids
 from grpo_kit.contract.distributed import weights_are_sharded
 from grpo_kit.contract.errors import ConfigError
-from grpo_kit_vllm.completions import Sample, sampling_fields, to_completions
+from grpo_kit_vllm.completions import Sample, sampling, sampling_fields, to_completions
 from grpo_kit_vllm.config import VLLMColocateConfig
 from grpo_kit_vllm.weights import base_model_path, named_weights
 
@@ -64,6 +64,7 @@ class VLLMColocateGeneration:
             tensor_parallel_size=size,
             gpu_memory_utilization=self.config.gpu_memory_utilization,
             max_model_len=self.config.max_model_len,
+            max_num_batched_tokens=self.config.max_num_batched_tokens,
             dtype=self.config.dtype,
             enforce_eager=self.config.enforce_eager,
             enable_sleep_mode=self.config.sleep_level > 0,
@@ -73,6 +74,8 @@ class VLLMColocateGeneration:
         )
         self.asleep: set[str] = set()  # what vLLM's sleep mode has put away: "weights", "kv_cache"
         self.update_weights(model, step=0)  # the engine loaded the checkpoint; the run may start elsewhere
+
+    sampling = sampling
 
     @torch.no_grad()
     def generate(self, prompt_ids: list[list[int]], with_logprobs: bool = False) -> Completions:

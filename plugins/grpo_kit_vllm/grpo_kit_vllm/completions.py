@@ -5,11 +5,22 @@ completions of one prompt from a single prefill. So each run of identical prompt
 length, and the completions come back in order.
 """
 
-from dataclasses import dataclass
+import contextlib
+from dataclasses import dataclass, replace
 
 import torch
 
 from grpo_kit import Completions, GenerationConfig, is_truncated
+
+GREEDY_TEMPERATURE = 1e-5  # vLLM samples greedily below it (sampling_params.py: _SAMPLING_EPS)
+
+
+@dataclass(frozen=True)
+class CompletionBatch:
+    """One /v1/completions request: `n` completions of each of its runs of identical prompts."""
+
+    runs: list[int]  # indices into the runs
+    n: int
 
 
 def prompt_runs(prompt_ids: list[list[int]]) -> list[tuple[list[int], int]]:
@@ -23,12 +34,27 @@ def prompt_runs(prompt_ids: list[list[int]]) -> list[tuple[list[int], int]]:
     return runs
 
 
-def runs_by_count(runs: list[tuple[list[int], int]]) -> dict[int, list[int]]:
-    """The indices of the runs of each length: one request per length, usually a single one (n=num_generations)."""
+def plan_requests(
+    prompt_ids: list[list[int]], temperature: float, max_prompts: int
+) -> tuple[list[tuple[list[int], int]], list[CompletionBatch]]:
+    """The runs of identical prompts, and the requests that complete them all, as vLLM takes them.
+
+    One request per run length (usually a single one, n = num_generations), split so that no request carries more
+    than `max_prompts` prompts (vLLM answers 400 above VLLM_MAX_COMPLETION_PROMPTS, 1024 by default). Greedy
+    decoding refuses n > 1 (SamplingParams._verify_greedy_sampling), so there every copy is a prompt of its own.
+    """
+    runs = prompt_runs(prompt_ids)
+    if temperature < GREEDY_TEMPERATURE:
+        runs = [(ids, 1) for ids, count in runs for _ in range(count)]
     by_count: dict[int, list[int]] = {}
     for index, (_, count) in enumerate(runs):
         by_count.setdefault(count, []).append(index)
-    return by_count
+    batches = [
+        CompletionBatch(indices[start : start + max_prompts], count)
+        for count, indices in by_count.items()
+        for start in range(0, len(indices), max_prompts)
+    ]
+    return runs, batches
 
 
 def sampling_fields(config: GenerationConfig, eos_token_ids: list[int], with_logprobs: bool) -> dict:
@@ -51,6 +77,19 @@ def sampling_fields(config: GenerationConfig, eos_token_ids: list[int], with_log
     if with_logprobs:
         fields["logprobs"] = 0  # the sampled token's log-prob only
     return fields
+
+
+@contextlib.contextmanager
+def sampling(backend, temperature: float | None, top_p: float | None):
+    """Generation's `sampling` for both vLLM backends (a method of each): evaluation's temperature and top-p (None:
+    the run's) in the backend's config, whose fields every request reads; checked as the run's are."""
+    run_config = backend.config
+    changed = {name: value for name, value in (("temperature", temperature), ("top_p", top_p)) if value is not None}
+    backend.config = replace(run_config, **changed)
+    try:
+        yield
+    finally:
+        backend.config = run_config
 
 
 @dataclass

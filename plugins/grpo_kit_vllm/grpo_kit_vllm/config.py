@@ -1,6 +1,7 @@
 """The options of the two vLLM backends (docs/generation.md says which matter when)."""
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from grpo_kit import GenerationConfig
 from grpo_kit.contract.errors import ConfigError
@@ -26,12 +27,13 @@ class VLLMServerConfig(GenerationConfig):
     # whoever joins it receives the weights). (NCCL finds its own way: NCCL_SOCKET_IFNAME.)
     weight_sync_host: str | None = None  # gloo only: the address; null: 127.0.0.1, for a server on loopback only
     weight_sync_port: int | None = None  # gloo only: the port; null: a free one
-    launch_args: list[str] = field(default_factory=list)  # extra `vllm serve` arguments with launch=vllm
-    launch_env: dict | None = None  # environment of a started server, e.g. {CUDA_VISIBLE_DEVICES: "1"}
-    generation_kwargs: dict | None = None  # other /v1/completions fields (e.g. {seed: 0}), applied last
+    launch_args: list[str] = field(default_factory=list)  # extra arguments of the server started by launch=vllm|test
+    launch_env: Any = None  # environment of a started server, e.g. {CUDA_VISIBLE_DEVICES: "1"}; `Any`: free keys
+    generation_kwargs: Any = None  # other /v1/completions fields (e.g. {seed: 0}), applied last
 
     def __post_init__(self):
         check_no_n(self.generation_kwargs)
+        check_temperature(self.temperature)
         if self.launch not in LAUNCHES:
             raise ConfigError(f"generation.launch={self.launch!r}: choose one of {', '.join(LAUNCHES)}.")
         if self.weight_transport not in TRANSPORTS:
@@ -59,10 +61,14 @@ class VLLMColocateConfig(GenerationConfig):
     dtype: str = "auto"  # vLLM's dtype; auto: the checkpoint's
     enforce_eager: bool = False  # true: no CUDA graphs (less memory, slower decoding)
     seed: int = 0  # the engine's sampling seed (each process adds its index)
-    generation_kwargs: dict | None = None  # other vllm.SamplingParams fields, applied last
+    # vLLM's token budget per engine step (its memory profiler reserves activations for it); 4096 as TRL sets it,
+    # since vLLM's own default (8192 or more) leaves a colocated engine too little KV cache. null: vLLM's default.
+    max_num_batched_tokens: int | None = 4096
+    generation_kwargs: Any = None  # other vllm.SamplingParams fields, applied last
 
     def __post_init__(self):
         check_no_n(self.generation_kwargs)
+        check_temperature(self.temperature)
         if not 0 < self.gpu_memory_utilization <= 1:
             raise ConfigError(
                 f"generation.gpu_memory_utilization={self.gpu_memory_utilization} must lie in (0, 1]: the share of "
@@ -81,4 +87,21 @@ def check_no_n(generation_kwargs: dict | None) -> None:
             f"generation.generation_kwargs sets n={generation_kwargs['n']}, but the backend asks for one completion "
             "per prompt it is handed, and prompts arrive repeated num_generations times: set "
             "generation.num_generations instead."
+        )
+
+
+def check_temperature(temperature: float) -> None:
+    """vLLM refuses a temperature above 2 (SamplingParams._verify_args, a 400 from a server), and silently samples
+    at 0.01 anything between 0 and 0.01 (SamplingParams.__post_init__), which the trainer would score at the
+    temperature asked for."""
+    if temperature > 2:
+        raise ConfigError(
+            f"generation.temperature={temperature}: vLLM samples at temperatures in [0, 2] only and refuses the "
+            "request otherwise. Use 2 or less, or generation=transformers for hotter sampling."
+        )
+    if 0 < temperature < 0.01:
+        raise ConfigError(
+            f"generation.temperature={temperature}: vLLM raises any temperature below 0.01 to 0.01 (numerical "
+            "safety), so it would sample from another distribution than the one the trainer scores. Use 0 (greedy) "
+            "or 0.01 and above."
         )

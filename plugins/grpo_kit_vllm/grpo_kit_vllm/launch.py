@@ -33,9 +33,9 @@ def vllm_serve_command(model: str, base_url: str, extra: list[str] = ()) -> list
     return ["vllm", "serve", model, "--host", host, "--port", str(port), *SERVE_FLAGS, *extra]
 
 
-def test_server_command(model: str, base_url: str) -> list[str]:
+def test_server_command(model: str, base_url: str, extra: list[str] = ()) -> list[str]:
     host, port = host_and_port(base_url)
-    return [sys.executable, "-m", "grpo_kit_vllm.testing.server", model, "--host", host, "--port", str(port)]
+    return [sys.executable, "-m", "grpo_kit_vllm.testing.server", model, "--host", host, "--port", str(port), *extra]
 
 
 def vllm_serve_advice(model: str, base_url: str) -> str:
@@ -90,6 +90,7 @@ class LaunchedServer:
             self.log_file.close()
             return
         _signal_group(self.process.pid, signal.SIGTERM)
+        _signal_group(self.process.pid, signal.SIGCONT)  # a stopped (hung) server acts on SIGTERM only once woken
         deadline = time.monotonic() + grace
         while not self.exited() and time.monotonic() < deadline:
             time.sleep(0.1)

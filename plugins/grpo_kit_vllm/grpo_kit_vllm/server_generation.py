@@ -5,7 +5,9 @@ weight sync is vLLM's RL routes (vllm/entrypoints/rl/online/api_router.py), in t
 `/init_weight_transfer_engine` once, then for each sync `/pause` -> `/start_weight_update` -> `/update_weights`
 (names, dtypes and shapes, sent again only when they change) while this process broadcasts the tensors ->
 `/finish_weight_update` (the step is the weight version) -> `/resume`. The broadcasts go over NCCL on GPUs and
-over gloo to the CPU test server (transport.py).
+over gloo to the CPU test server (transport.py), each under a deadline while the request that makes the server take
+part is watched (alongside.py). Before any of it, `/server_info` tells whether the server can receive weights at
+all, and over what (server_info.py).
 
 With several training processes only the main one talks to the server: it gathers every process's prompts, sends
 them as one batch, and hands each process the completions of its own prompts.
@@ -15,9 +17,7 @@ import ipaddress
 import logging
 import socket
 import tempfile
-import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from urllib.parse import urlencode
 
@@ -28,8 +28,9 @@ from grpo_kit import Completions, eos_token_ids
 from grpo_kit.contract.distributed import weights_are_sharded
 from grpo_kit.contract.errors import ConfigError, GenerationUnavailable
 from grpo_kit.contract.lora import has_adapters
+from grpo_kit_vllm.alongside import alongside
 from grpo_kit_vllm.client import ServerClient, ServerError
-from grpo_kit_vllm.completions import Sample, prompt_runs, runs_by_count, sampling_fields, to_completions
+from grpo_kit_vllm.completions import Sample, plan_requests, sampling, sampling_fields, to_completions
 from grpo_kit_vllm.config import VLLMServerConfig
 from grpo_kit_vllm.launch import (
     LaunchedServer,
@@ -38,6 +39,7 @@ from grpo_kit_vllm.launch import (
     vllm_serve_advice,
     vllm_serve_command,
 )
+from grpo_kit_vllm.server_info import ServerInfo, check_nccl_versions, check_transport, local_nccl_version
 from grpo_kit_vllm.transport import BUFFER_BYTES, NUM_BUFFERS, GlooGroup, NcclGroup, TensorMeta, send, update_info
 from grpo_kit_vllm.weights import base_model_path, named_weights
 
@@ -73,21 +75,43 @@ class VLLMServerGeneration:
         if self.transport == "gloo":
             self.weight_sync_host = weight_sync_host(self.config)
         self.client = ServerClient(self.config.base_url, self.config.request_timeout, self.config.retries)
-        on_main(accelerator, self._connect)
-        self.update_weights(model, step=0)  # the server may hold other weights than the ones this run starts from
+        try:
+            self.model_id, self.info = on_main(accelerator, self._connect)  # every process may ask for completions
+            self.update_weights(model, step=0)  # the server may hold other weights than the ones this run starts from
+        except BaseException:
+            self.close()  # a server started for this run stops with it
+            raise
 
-    def _connect(self) -> None:
+    def _connect(self) -> tuple[str, ServerInfo]:
         if self.config.launch != "none":
             self.server = self._launch()
             self._wait_until_healthy(self.config.launch_timeout)
         else:
             self._wait_until_healthy(self.config.connect_timeout)
-        self.model_id = self.client.get("/v1/models")["data"][0]["id"]
+        model_id = self.client.get("/v1/models")["data"][0]["id"]
+        info = self._server_info()
+        advice = vllm_serve_advice(self.model_path, self.config.base_url)
+        check_transport(info, self.transport, self.config.base_url, advice)
+        if self.transport == "nccl":
+            check_nccl_versions(info, local_nccl_version(), self.config.base_url)
         self._open_weight_transfer()
+        return model_id, info
+
+    def _server_info(self) -> ServerInfo:
+        try:
+            return ServerInfo.parse(self.client.get("/server_info?config_format=json"))
+        except ServerError as error:
+            if error.status == 404:  # the development routes are off, the weight-transfer ones with them
+                raise ServerError(
+                    f"The vLLM server at {self.config.base_url} has no weight-transfer routes, so its weights could "
+                    "never follow training. Start it with VLLM_SERVER_DEV_MODE=1 and --weight-transfer-config "
+                    f'\'{{"backend": "nccl"}}\':\n  {vllm_serve_advice(self.model_path, self.config.base_url)}'
+                ) from None
+            raise
 
     def _launch(self) -> LaunchedServer:
         if self.config.launch == "test":
-            command = test_server_command(self.model_path, self.config.base_url)
+            command = test_server_command(self.model_path, self.config.base_url, self.config.launch_args)
         else:
             command = vllm_serve_command(self.model_path, self.config.base_url, self.config.launch_args)
         # In the run directory; a generation backend built outside a run logs to a temporary folder.
@@ -141,27 +165,21 @@ class VLLMServerGeneration:
             init_info = {"master_address": host, "master_port": port, **wire}
             joined = {}
 
-            def join():
-                joined["group"] = GlooGroup(host, port, 0, world_size)
+            def join():  # a broadcast the server abandoned then fails by the deadline too, and the group can close
+                joined["group"] = GlooGroup(host, port, 0, world_size, timeout=self.config.request_timeout)
 
         # The server answers once its workers have joined, which they do only while this process joins too.
-        joiner = threading.Thread(target=join, daemon=True)
-        joiner.start()
-        try:
-            self.client.post("/init_weight_transfer_engine", {"init_info": init_info})
-        except ServerError as error:
-            if error.status == 404:
-                raise ServerError(
-                    f"The vLLM server at {self.config.base_url} has no weight-transfer routes, so its weights could "
-                    "never follow training. Start it with VLLM_SERVER_DEV_MODE=1 and --weight-transfer-config "
-                    f'\'{{"backend": "nccl"}}\':\n  {vllm_serve_advice(self.model_path, self.config.base_url)}'
-                ) from None
-            raise
-        joiner.join(timeout=300)
-        self.group = group if self.transport == "nccl" else joined.get("group")
-        if self.group is None or joiner.is_alive():
-            raise ServerError(f"The weight-transfer group with {self.config.base_url} did not form within 300 s.")
+        alongside(
+            lambda: self.client.post("/init_weight_transfer_engine", {"init_info": init_info}),
+            join,
+            self.config.request_timeout,
+            "Forming the weight-transfer group",
+            self.config.base_url,
+        )
+        self.group = group if self.transport == "nccl" else joined["group"]
         self.sent_metas = None  # a new group: the server knows no metadata yet
+
+    sampling = sampling
 
     @torch.no_grad()
     def generate(self, prompt_ids: list[list[int]], with_logprobs: bool = False) -> Completions:
@@ -176,30 +194,45 @@ class VLLMServerGeneration:
             samples, self.eos_token_ids, self.tokenizer.pad_token_id, with_logprobs, accelerator.device
         )
 
-    def _complete(self, prompt_ids: list[list[int]], fields: dict) -> list[Sample]:
+    @torch.no_grad()
+    def generate_in_background(self, prompt_ids: list[list[int]], with_logprobs: bool = False) -> Completions:
+        """`generate` for this process's prompts alone, asked for by this process itself: no collective call, so
+        that asynchronous generation (algorithm.max_staleness) can run it in a thread while this process trains."""
+        fields = sampling_fields(self.config, self.eos_token_ids, with_logprobs) | (self.config.generation_kwargs or {})
+        samples = self._complete(prompt_ids, fields, resync=False)
+        return to_completions(
+            samples, self.eos_token_ids, self.tokenizer.pad_token_id, with_logprobs, self.accelerator.device
+        )
+
+    def _complete(self, prompt_ids: list[list[int]], fields: dict, resync: bool = True) -> list[Sample]:
         """Every prompt's completion, asking for each run of identical prompts once with n = the run's length."""
-        runs = prompt_runs(prompt_ids)
+        runs, requests = plan_requests(prompt_ids, fields["temperature"], self.info.max_completion_prompts)
         samples_of_run: list[list[Sample]] = [[] for _ in runs]
-        for count, indices in runs_by_count(runs).items():
+        for request in requests:
             body = {
                 "model": self.model_id,
-                "prompt": [runs[i][0] for i in indices],
-                "n": count,
+                "prompt": [runs[i][0] for i in request.runs],
+                "n": request.n,
                 "return_token_ids": True,
                 **fields,
             }
-            choices = sorted(self._post_completions(body)["choices"], key=lambda choice: choice["index"])
-            for position, run in enumerate(indices):  # choice index = prompt's position x n + sample
+            choices = sorted(self._post_completions(body, resync)["choices"], key=lambda choice: choice["index"])
+            for position, run in enumerate(request.runs):  # choice index = prompt's position x n + sample
                 samples_of_run[run] = [
-                    Sample.from_choice(c) for c in choices[position * count : (position + 1) * count]
+                    Sample.from_choice(c) for c in choices[position * request.n : (position + 1) * request.n]
                 ]
         return [sample for samples in samples_of_run for sample in samples]
 
-    def _post_completions(self, body: dict) -> dict:
+    def _post_completions(self, body: dict, resync: bool) -> dict:
         self.client.reconnected = False
         response = self.client.post("/v1/completions", body)
         if self.client.reconnected and self.client.get("/weight_info").get("weight_version") != self.version:
             # The server went away and came back without this run's weights: these completions are from other ones.
+            if not resync:  # a background thread cannot send weights: only the training thread may
+                raise GenerationUnavailable(
+                    f"The vLLM server at {self.config.base_url} restarted and lost the trained weights while "
+                    "generating in the background; resuming the run sends them again."
+                )
             log.warning("The vLLM server at %s restarted: sending it the current weights again", self.config.base_url)
             if weights_are_sharded(self.accelerator):
                 raise GenerationUnavailable(
@@ -214,29 +247,24 @@ class VLLMServerGeneration:
     def update_weights(self, model, step: int) -> None:
         weights = list(named_weights(model, self.accelerator))  # every process: a sharded model gathers
         on_main(self.accelerator, lambda: self._sync(weights, str(step)))
+        self.version = str(step)  # on every process, which may each ask for completions in the background
 
     def _sync(self, weights: list[tuple[str, torch.Tensor]], version: str) -> None:
         metas = [TensorMeta.of(name, tensor) for name, tensor in weights]
         device = self.accelerator.device if self.transport == "nccl" else torch.device("cpu")
-        tensors = [tensor.detach().to(device) for _, tensor in weights]
         self.client.post("/pause?" + urlencode({"mode": "wait"}))
         self.client.post("/start_weight_update")
         announced = update_info(metas if metas != self.sent_metas else [])  # unchanged: vLLM reuses the last ones
-        pool = ThreadPoolExecutor(max_workers=1)
-        try:
-            receiving = pool.submit(self.client.post, "/update_weights", {"update_info": announced})
-            try:
-                send(self.group, tensors)
-            except RuntimeError as error:  # the other end went away mid-broadcast
-                raise GenerationUnavailable(
-                    f"The vLLM server at {self.config.base_url} stopped answering while it received weights: {error}"
-                ) from None
-            receiving.result()
-        finally:
-            pool.shutdown(wait=False)  # a receiver stuck in a broadcast must not hang this process too
+        alongside(
+            lambda: self.client.post("/update_weights", {"update_info": announced}),
+            lambda: send(self.group, [tensor for _, tensor in weights], device),
+            self.config.request_timeout,
+            "Sending weights",
+            self.config.base_url,
+        )
         self.client.post("/finish_weight_update", {"weight_version": version})
         self.client.post("/resume")
-        self.sent_metas, self.version = metas, version
+        self.sent_metas = metas
 
     def close(self):
         if self.group is not None:

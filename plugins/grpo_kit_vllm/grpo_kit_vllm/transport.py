@@ -77,12 +77,17 @@ def chunk_bounds(sizes: list[int], buffer_bytes: int) -> list[tuple[int, int]]:
     return bounds
 
 
-def send(group, tensors: list[torch.Tensor], buffer_bytes: int = BUFFER_BYTES) -> None:
-    """Broadcast `tensors`, packed, from rank 0; the receivers must have been told their metadata."""
+def send(group, tensors: list[torch.Tensor], device: torch.device | str, buffer_bytes: int = BUFFER_BYTES) -> None:
+    """Broadcast `tensors`, packed, from rank 0; the receivers must have been told their metadata.
+
+    Each chunk reaches `device` on its own, as vLLM's packed sender streams them: a model gathered whole on the
+    CPU (FSDP, ZeRO-3) never sits on the GPU all at once, only about `buffer_bytes` of it.
+    """
     sizes = [tensor.numel() * tensor.element_size() for tensor in tensors]
     for start, end in chunk_bounds(sizes, buffer_bytes):
-        chunk = [tensor.contiguous().view(-1).view(torch.uint8) for tensor in tensors[start:end]]
+        chunk = [tensor.detach().to(device).contiguous().view(-1).view(torch.uint8) for tensor in tensors[start:end]]
         group.broadcast(torch.cat(chunk))
+        del chunk  # before the next chunk reaches the device
 
 
 def receive(

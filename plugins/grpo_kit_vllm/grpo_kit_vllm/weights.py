@@ -1,4 +1,8 @@
-"""The policy's weights as a generator loads them: the checkpoint's names, LoRA adapters folded in, each tensor once."""
+"""The policy's weights as a generator loads them: the checkpoint's names, LoRA adapters folded in, each tensor once.
+
+Parameters only, as TRL sends `named_parameters()`: a buffer (a persistent one is in `state_dict()`) is no weight
+of vLLM's model, and its `load_weights` may refuse the name.
+"""
 
 from collections.abc import Iterator
 
@@ -26,7 +30,8 @@ def named_weights(
     if weights_are_sharded(accelerator):
         state = accelerator.get_state_dict(model)  # a collective; the whole weights land on the main process
         if accelerator.is_main_process:
-            yield from _once_each(state.items())
+            parameters = parameter_names(accelerator.unwrap_model(model))
+            yield from _once_each((name, tensor) for name, tensor in state.items() if name in parameters)
         return
     if not (accelerator.is_main_process or on_every_process):
         return
@@ -34,7 +39,8 @@ def named_weights(
     if has_adapters(unwrapped):
         yield from merged_lora_weights(unwrapped)
     else:
-        yield from _once_each(unwrapped.state_dict().items())
+        parameters = parameter_names(unwrapped)
+        yield from _once_each((name, tensor) for name, tensor in unwrapped.state_dict().items() if name in parameters)
 
 
 @torch.no_grad()
@@ -48,8 +54,9 @@ def merged_lora_weights(model: torch.nn.Module) -> Iterator[tuple[str, torch.Ten
 
     base = model.get_base_model()
     adapted = {name: module for name, module in base.named_modules() if isinstance(module, LoraLayer)}
+    parameters = parameter_names(base)
     for name, tensor in _once_each(base.state_dict().items()):
-        if any(part.startswith("lora_") for part in name.split(".")):
+        if name not in parameters or any(part.startswith("lora_") for part in name.split(".")):
             continue
         module_name, separator, leaf = name.partition(".base_layer.")
         if not separator:
@@ -59,6 +66,11 @@ def merged_lora_weights(model: torch.nn.Module) -> Iterator[tuple[str, torch.Ten
             module = adapted[module_name]
             tensor = tensor + sum(module.get_delta_weight(adapter) for adapter in module.active_adapters)
         yield f"{module_name}.{leaf}", tensor
+
+
+def parameter_names(model: torch.nn.Module) -> set[str]:
+    """Every name a parameter goes by, a tied one's second name too (`_once_each` keeps the first)."""
+    return {name for name, _ in model.named_parameters(remove_duplicate=False)}
 
 
 def _once_each(items) -> Iterator[tuple[str, torch.Tensor]]:

@@ -14,19 +14,38 @@ import torch
 import grpo_kit
 from grpo_kit.contract.errors import ConfigError, GenerationUnavailable
 from grpo_kit_vllm.client import ServerClient, ServerError
-from grpo_kit_vllm.completions import Sample, prompt_runs, runs_by_count, sampling_fields, to_completions
+from grpo_kit_vllm.completions import Sample, plan_requests, prompt_runs, sampling_fields, to_completions
 from grpo_kit_vllm.config import VLLMColocateConfig, VLLMServerConfig
 from grpo_kit_vllm.launch import vllm_serve_advice
-from grpo_kit_vllm.transport import BUFFER_BYTES, TensorMeta, chunk_bounds, metas_of, update_info
+from grpo_kit_vllm.server_info import ServerInfo, check_nccl_versions, check_transport
+from grpo_kit_vllm.transport import BUFFER_BYTES, TensorMeta, chunk_bounds, metas_of, send, update_info
 from grpo_kit_vllm.weights import merged_lora_weights, named_weights
+
+
+def requests_of(prompt_ids, temperature=1.0, max_prompts=1024) -> list[tuple[list[int], int]]:
+    runs, requests = plan_requests(prompt_ids, temperature, max_prompts)
+    return [(request.runs, request.n) for request in requests], runs
 
 
 def test_each_run_of_identical_prompts_is_asked_for_once():
     a, b = [1, 2], [3]
     runs = prompt_runs([a, a, a, b, b, b, a, a, a])
     assert runs == [(a, 3), (b, 3), (a, 3)]  # a prompt drawn twice is two runs, still n=3 each
-    assert runs_by_count(runs) == {3: [0, 1, 2]}
-    assert runs_by_count(prompt_runs([a, a, b])) == {2: [0], 1: [1]}
+    assert requests_of([a, a, a, b, b, b, a, a, a])[0] == [([0, 1, 2], 3)]
+    assert requests_of([a, a, b])[0] == [([0], 2), ([1], 1)]
+
+
+def test_greedy_decoding_asks_for_each_copy_of_a_prompt_alone_as_vllm_refuses_n_above_1():
+    a, b = [1, 2], [3]
+    requests, runs = requests_of([a, a, b, b], temperature=0.0)
+    assert runs == [(a, 1), (a, 1), (b, 1), (b, 1)] and requests == [([0, 1, 2, 3], 1)]
+
+
+def test_no_request_carries_more_prompts_than_the_server_takes():
+    prompts = [[token] for token in range(1030)]
+    requests, _ = requests_of(prompts)
+    assert [(len(indices), n) for indices, n in requests] == [(1024, 1), (6, 1)]
+    assert requests_of(prompts, max_prompts=100)[0][-1] == (list(range(1000, 1030)), 1)
 
 
 def test_sampling_settings_use_vllm_names_and_send_the_off_values_too():
@@ -103,6 +122,8 @@ def test_update_info_round_trips():
         ({"connect_timeout": 0}, "positive number of seconds"),
         ({"retries": -1}, "0 (no retry)"),
         ({"generation_kwargs": {"n": 4}}, "set generation.num_generations instead"),
+        ({"temperature": 2.5}, "vLLM samples at temperatures in .0, 2. only"),
+        ({"temperature": 0.005}, "raises any temperature below 0.01 to 0.01"),
     ],
 )
 def test_server_options_are_checked_when_built(options, words):
@@ -117,6 +138,9 @@ def test_colocate_options_are_checked_when_built():
         VLLMColocateConfig(sleep_level=3)
     with pytest.raises(ConfigError, match="set generation.num_generations instead"):
         VLLMColocateConfig(generation_kwargs={"n": 4})
+    with pytest.raises(ConfigError, match=r"temperatures in \[0, 2\] only"):
+        VLLMColocateConfig(temperature=3.0)
+    assert VLLMColocateConfig().max_num_batched_tokens == 4096  # TRL's value for a colocated engine
 
 
 def test_the_advice_is_a_vllm_serve_command_a_shell_accepts():
@@ -221,6 +245,20 @@ def test_tied_weights_are_sent_once_and_only_by_the_main_process(tmp_path):
     assert names == [name for name, _ in model.named_parameters()]  # lm_head.weight is the embeddings
 
 
+def test_only_parameters_are_sent_as_trl_sends_them_not_buffers(tmp_path):
+    """vLLM's loader refuses a name that is no parameter of its model; a persistent buffer is in state_dict()."""
+    from accelerate import Accelerator
+    from transformers import AutoModelForCausalLM
+
+    from grpo_kit.testing.models import build_tiny_model
+
+    model = AutoModelForCausalLM.from_pretrained(build_tiny_model(tmp_path))
+    model.model.register_buffer("step_count", torch.zeros(1))  # persistent: in state_dict()
+    assert "model.step_count" in model.state_dict()
+    names = [name for name, _ in named_weights(model, Accelerator(cpu=True))]
+    assert names == [name for name, _ in model.named_parameters()]
+
+
 def test_colocate_without_vllm_says_how_to_install_it(monkeypatch):
     import builtins
 
@@ -320,3 +358,96 @@ def test_a_vllm_completion_becomes_a_sample_with_its_log_probs():
     assert sample_of(output) == Sample([7, 1], logprobs=[-0.5, -0.25])
     cut = SimpleNamespace(token_ids=[7, 7], finish_reason="length", logprobs=None)
     assert sample_of(cut) == Sample([7, 7], logprobs=None)
+
+
+def vllm_server_info(nccl: str | None = "2.27.5", transfer: dict | None = None, **environment) -> dict:
+    """/server_info?config_format=json as vLLM 0.33 answers it, trimmed to what the client reads."""
+    packages = "numpy==2.2.6\ntorch==2.10.0" + (f"\nnvidia-nccl-cu12=={nccl}" if nccl else "")
+    return {
+        "vllm_config": {"model_config": {"model": "Qwen/Qwen3-0.6B"}, "weight_transfer_config": transfer},
+        "vllm_env": {"VLLM_SERVER_DEV_MODE": True, **environment},
+        "system_env": {"torch_version": "2.10.0+cu128", "pip_packages": packages},
+    }
+
+
+def test_server_info_is_read_as_vllm_writes_it():
+    info = ServerInfo.parse(vllm_server_info(transfer={"backend": "nccl"}, VLLM_MAX_COMPLETION_PROMPTS=64))
+    assert info == ServerInfo("nccl", (2, 27, 5), 64, is_test_server=False)
+    assert ServerInfo.parse(vllm_server_info(nccl=None)) == ServerInfo(None, None, 1024, False)
+
+
+def test_a_server_that_cannot_receive_weights_or_not_over_gloo_is_refused_before_the_rendezvous():
+    advice = vllm_serve_advice("m", "http://127.0.0.1:8000")
+    unconfigured = ServerInfo.parse(vllm_server_info())
+    with pytest.raises(ConfigError, match="started without --weight-transfer-config") as error:
+        check_transport(unconfigured, "nccl", "http://127.0.0.1:8000", advice)
+    assert advice in str(error.value)
+    real = ServerInfo.parse(vllm_server_info(transfer={"backend": "nccl"}))
+    with pytest.raises(ConfigError, match="only grpo_kit's CPU test server speaks"):
+        check_transport(real, "gloo", "http://127.0.0.1:8000", advice)
+    check_transport(real, "nccl", "http://127.0.0.1:8000", advice)
+    check_transport(ServerInfo("gloo", None, 1024, is_test_server=True), "gloo", "http://127.0.0.1:8000", advice)
+
+
+def test_different_nccl_releases_on_the_two_ends_are_refused():
+    info = ServerInfo.parse(vllm_server_info(nccl="2.27.5", transfer={"backend": "nccl"}))
+    with pytest.raises(ConfigError, match=r"this trainer \(2.26.2, torch's\).*\(2.27.5, its nvidia-nccl package\)"):
+        check_nccl_versions(info, (2, 26, 2), "http://gpu:8000")
+    check_nccl_versions(info, (2, 27, 5), "http://gpu:8000")
+    check_nccl_versions(ServerInfo.parse(vllm_server_info(nccl=None)), (2, 26, 2), "http://gpu:8000")  # unknown
+
+
+class MoveCounter(torch.Tensor):
+    """A weight that counts how many weights have been moved to the device so far (`.to` calls)."""
+
+    moves = 0
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        if func is torch.Tensor.to:
+            MoveCounter.moves += 1
+        return super().__torch_function__(func, types, args, kwargs or {})
+
+
+def test_each_chunk_reaches_the_device_on_its_own():
+    """A gathered model must not be put on the GPU whole before sending: at each broadcast, only the weights of the
+    chunks broadcast so far have been moved."""
+    moved_at_broadcast = []
+
+    class RecordingGroup:
+        def broadcast(self, tensor):
+            moved_at_broadcast.append(MoveCounter.moves)
+
+    MoveCounter.moves = 0
+    weights = [torch.zeros(256).as_subclass(MoveCounter) for _ in range(6)]  # 1 KiB each
+    send(RecordingGroup(), weights, "cpu", buffer_bytes=2048)
+    assert moved_at_broadcast == [3, 6], "chunks close after the tensor that passes 2 KiB: 3 weights each"
+
+
+def test_evaluation_samples_with_its_own_settings_then_the_runs_again():
+    from grpo_kit_vllm.server_generation import VLLMServerGeneration
+
+    generation = VLLMServerGeneration(VLLMServerConfig(temperature=1.0, top_p=0.9))
+    with generation.sampling(0.5, None):
+        assert sampling_fields(generation.config, [1], with_logprobs=False)["temperature"] == 0.5
+        assert generation.config.top_p == 0.9
+    assert generation.config.temperature == 1.0
+    with pytest.raises(ConfigError, match="temperatures in .0, 2. only"), generation.sampling(3.0, None):
+        pass
+
+
+def test_dict_options_take_keys_on_the_command_line():
+    """Free-key options (`Any`): a `dict | None` field would refuse any key Hydra's override adds to it."""
+    cfg = grpo_kit.compose(
+        [
+            "+reward=accuracy",
+            "generation=vllm_server",
+            "generation.launch_env={OMP_NUM_THREADS: 1}",
+            "generation.generation_kwargs={seed: 3}",
+        ]
+    )
+    assert cfg.generation.launch_env == {"OMP_NUM_THREADS": 1} and cfg.generation.generation_kwargs == {"seed": 3}
+    colocate = grpo_kit.compose(
+        ["+reward=accuracy", "generation=vllm_colocate", "generation.generation_kwargs={seed: 3}"]
+    )
+    assert colocate.generation.generation_kwargs == {"seed": 3}

@@ -5,6 +5,7 @@ trainer on GPUs does to `vllm serve` over NCCL.
 """
 
 import importlib.util
+import itertools
 import json
 import os
 import re
@@ -27,11 +28,12 @@ from omegaconf import MISSING
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import grpo_kit
-from grpo_kit.contract.errors import ConfigError
+from grpo_kit.contract.errors import ConfigError, GenerationUnavailable
 from grpo_kit.plugins.registry import Registry, plugin_manager
 from grpo_kit.testing.contracts import GenerationContract, assert_contracts_cover
 from grpo_kit.testing.models import build_tiny_model
 from grpo_kit.testing.runs import tiny_run
+from grpo_kit_vllm.client import ServerError
 from grpo_kit_vllm.config import VLLMServerConfig
 from grpo_kit_vllm.server_generation import VLLMServerGeneration, weight_sync_host
 from grpo_kit_vllm.transport import digests
@@ -98,6 +100,7 @@ class TestVLLMServerGeneration(GenerationContract):
     """The conformance kit's generation checks, through a test server this class starts for itself."""
 
     plugin_name = "vllm_server"
+    options: ClassVar[dict] = {**GenerationContract.options, "temperature": 2.0}  # vLLM refuses above 2
 
     @pytest.fixture(scope="class")
     @classmethod
@@ -122,7 +125,12 @@ class TestVLLMServerGeneration(GenerationContract):
 )
 class TestVLLMColocateGeneration(GenerationContract):
     plugin_name = "vllm_colocate"
-    options: ClassVar[dict] = {**GenerationContract.options, "gpu_memory_utilization": 0.2, "enforce_eager": True}
+    options: ClassVar[dict] = {
+        **GenerationContract.options,
+        "temperature": 2.0,  # vLLM refuses above 2
+        "gpu_memory_utilization": 0.2,
+        "enforce_eager": True,
+    }
 
 
 def test_every_backend_is_checked():
@@ -227,6 +235,49 @@ def test_the_weight_sync_group_listens_on_loopback_alone_and_the_weights_arrive(
         generation.close()
 
 
+def started_generation(model, model_dir, **options) -> VLLMServerGeneration:
+    generation = VLLMServerGeneration(VLLMServerConfig(**options))
+    generation.start(model, AutoTokenizer.from_pretrained(model_dir), Accelerator(cpu=True))
+    return generation
+
+
+def test_greedy_copies_and_more_prompts_than_a_request_takes_come_back_in_order(model_dir, server):
+    """vLLM refuses n > 1 when greedy and more than 1024 prompts in a request: 206 prompts x 5 greedy copies are
+    1030 requests of n=1, sent as two requests."""
+    model = AutoModelForCausalLM.from_pretrained(model_dir)
+    generation = started_generation(
+        model, model_dir, base_url=server.url, temperature=0.0, num_generations=5, max_completion_length=2
+    )
+    try:
+        prompts = [[*digits, 4, 15] for digits in itertools.product(range(3, 13), repeat=3)][:206]  # "abc+="
+        completions = generation.generate([prompt for prompt in prompts for _ in range(5)])
+    finally:
+        generation.close()
+    groups = completions.completion_ids.view(206, 5, -1)
+    assert (groups == groups[:, :1]).all(), "greedy copies of one prompt decode alike"
+    expected = model.generate(torch.tensor(prompts[-1:]), do_sample=False, max_new_tokens=2, pad_token_id=0)
+    assert groups[-1, 0].tolist() == expected[0, len(prompts[-1]) :].tolist()[: len(groups[-1, 0])]
+
+
+def test_a_server_started_without_weight_transfer_is_refused_with_the_command_that_fixes_it(model_dir):
+    model = AutoModelForCausalLM.from_pretrained(model_dir)
+    url = f"http://127.0.0.1:{free_port()}"
+    with pytest.raises(ConfigError, match="started without --weight-transfer-config") as error:
+        started_generation(model, model_dir, base_url=url, launch="test", launch_args=["--no-weight-transfer"])
+    assert "VLLM_SERVER_DEV_MODE=1 vllm serve" in str(error.value)
+
+
+def test_a_weight_the_server_refuses_fails_the_sync_at_once_with_its_message(model_dir, server):
+    """The server answers 500 without receiving a byte; under NCCL the broadcast would then wait forever, and here
+    gloo would give up only after 300 s: the client must be watching the answer."""
+    model = AutoModelForCausalLM.from_pretrained(model_dir)
+    model.model.register_parameter("extra_scale", torch.nn.Parameter(torch.ones(4096)))
+    started = time.monotonic()
+    with pytest.raises(ServerError, match="no module or parameter named 'model.extra_scale'"):
+        started_generation(model, model_dir, base_url=server.url)
+    assert time.monotonic() - started < 60
+
+
 def test_a_server_off_loopback_needs_the_weight_sync_address_chosen_explicitly():
     assert weight_sync_host(VLLMServerConfig(base_url="http://localhost:8000")) == "127.0.0.1"
     remote = "http://192.0.2.10:8000"
@@ -316,6 +367,36 @@ def test_a_server_killed_mid_run_ends_in_a_checkpoint_and_the_printed_command_re
     assert metrics_steps(run_dir)[-1] == 30
 
 
+@pytest.mark.slow
+def test_a_server_that_hangs_mid_broadcast_stops_the_run_within_the_request_timeout_with_a_checkpoint(tmp_path):
+    """As a dead GPU under NCCL, the frozen server keeps its sockets open, so the broadcast alone would wait for
+    gloo's own 300 s timeout (NCCL's: forever). 57 MB of weights: more than the sockets' buffers take."""
+    model_dir = build_tiny_model(tmp_path / "model", hidden_size=512, intermediate_size=4096)
+    run_dir = tmp_path / "run"
+    started = time.monotonic()
+    result = subprocess.run(
+        grpo_kit_command(
+            *tiny_run(model_dir, "trainer.max_steps=10"),
+            "+reward=accuracy",
+            "generation=vllm_server",
+            "generation.launch=test",
+            f"generation.base_url=http://127.0.0.1:{free_port()}",
+            "generation.request_timeout=20",
+            'generation.launch_args=["--freeze-at-update","3"]',  # the sync after step 2
+            f"hydra.run.dir={run_dir}",
+        ),
+        **OUTPUT_AS_TEXT,
+        timeout=600,
+    )
+    elapsed = time.monotonic() - started
+    print(f"stopped after {elapsed:.0f} s")
+    output = result.stdout
+    assert result.returncode != 0 and elapsed < 200, f"{elapsed:.0f} s: {output[-3000:]}"
+    assert "within generation.request_timeout=20" in output, output[-3000:]  # the answer's or the broadcast's
+    assert re.search(r"A checkpoint of step \d+ is saved", output), output[-3000:]
+    assert "trainer.resume=auto" in re.search(r"resume with:\n\s+(python -m grpo_kit .*)", output).group(1)
+
+
 def tenths(run_dir: Path) -> tuple[float, float]:
     lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     rewards = [line["reward"] for line in lines if "reward" in line]
@@ -395,3 +476,17 @@ def test_on_sigint_the_run_saves_and_stops_the_server_it_started_and_nothing_els
     with pytest.raises(ProcessLookupError):
         os.kill(pid, 0)
     assert list((run_dir / "checkpoints").glob("step-*"))
+
+
+def test_a_failure_of_this_end_of_the_rendezvous_is_raised_at_once_and_the_started_server_stopped(model_dir):
+    """The trainer's join runs in a thread beside /init_weight_transfer_engine: its error must reach the caller (the
+    server, left waiting for a trainer that never joins, is stopped with the run that started it)."""
+    model = AutoModelForCausalLM.from_pretrained(model_dir)
+    url = f"http://127.0.0.1:{free_port()}"
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        with pytest.raises(GenerationUnavailable, match="Forming the weight-transfer group .* failed: .*in use"):
+            started_generation(model, model_dir, base_url=url, launch="test", weight_sync_port=taken.getsockname()[1])
+    with pytest.raises(OSError):
+        urllib.request.urlopen(f"{url}/health", timeout=5)

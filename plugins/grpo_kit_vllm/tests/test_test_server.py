@@ -12,6 +12,7 @@ import time
 import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -20,6 +21,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from grpo_kit.testing.models import build_tiny_model
 from grpo_kit_vllm import transport
+from grpo_kit_vllm.alongside import Background
 
 PROMPTS = [[3, 12, 4, 15], [5, 6, 12, 7, 15]]  # "1+2=" and "34+5=" in the embedded tokenizer: different lengths
 SMALL_BUFFER = 4096  # bytes: the tiny model's weights then travel in several packed chunks
@@ -214,23 +216,21 @@ def test_top_k_1_and_temperature_0_decode_as_the_model_does_greedily(url, model,
         completion = ids[0, len(prompt) :].tolist()
         expected.append(completion[: completion.index(eos) + 1] if eos in completion else completion)
 
-    for sampling in ({"top_k": 1}, {"temperature": 0}):
-        choices = complete(url, prompt=PROMPTS, n=2, max_tokens=10, return_token_ids=True, **sampling)["choices"]
-        assert [choice["token_ids"] for choice in choices] == [expected[0]] * 2 + [expected[1]] * 2, sampling
+    top_k_1 = complete(url, prompt=PROMPTS, n=2, max_tokens=10, return_token_ids=True, top_k=1)["choices"]
+    assert [choice["token_ids"] for choice in top_k_1] == [expected[0]] * 2 + [expected[1]] * 2
+    greedy = complete(url, prompt=PROMPTS, max_tokens=10, return_token_ids=True, temperature=0)["choices"]  # n=1
+    assert [choice["token_ids"] for choice in greedy] == expected
 
 
 @pytest.mark.parametrize(
     ("body", "param"),
     [
-        ({"prompt": PROMPTS, "n": 0}, "n"),
-        ({"prompt": PROMPTS, "temperature": -1}, "temperature"),
         ({"prompt": [[3] * 129]}, "input_tokens"),  # longer than max_position_embeddings=128
         ({"prompt": PROMPTS, "max_tokens": 500}, "max_tokens"),
         ({"prompt": [[3, 99]]}, "prompt"),  # no such token
         ({"prompt": []}, "prompt"),
         ({"prompt": PROMPTS, "stream": True}, "stream"),
         ({"prompt": PROMPTS, "stop": ["="]}, "stop"),  # vLLM has it; this server refuses rather than ignores it
-        ({"prompt": PROMPTS, "logprobs": 21}, "logprobs"),
         ({"prompt": PROMPTS, "top_p": 0}, "top_p"),
     ],
 )
@@ -242,8 +242,148 @@ def test_bad_requests_get_a_400_in_vllms_error_shape(url, body, param):
     assert (error["type"], error["param"], error["code"]) == ("BadRequestError", param, 400)
 
 
+@dataclass(frozen=True)
+class VLLMRule:
+    """A request vLLM 0.33 refuses, where in its wheel it does, and its message."""
+
+    source: str  # path in vllm-0.33.0's wheel: function
+    body: dict
+    status: int
+    message: str  # the start of vLLM's message
+
+
+VLLM_RULES = {
+    "temperature above 2": VLLMRule(
+        "vllm/sampling_params.py: SamplingParams._verify_args",
+        {"temperature": 2.5},
+        400,
+        "temperature must be in [0, 2], got 2.5.",
+    ),
+    "negative temperature": VLLMRule(
+        "vllm/sampling_params.py: SamplingParams._verify_args",
+        {"temperature": -0.5},
+        400,
+        "temperature must be non-negative, got -0.5.",
+    ),
+    "greedy sampling with n > 1": VLLMRule(
+        "vllm/sampling_params.py: SamplingParams._verify_greedy_sampling",
+        {"temperature": 0, "n": 2},
+        400,
+        "n must be 1 when using greedy sampling, got 2.",
+    ),
+    "n below 1": VLLMRule("vllm/sampling_params.py: _verify_num_sequences", {"n": 0}, 400, "`n` must be in [1, 16384]"),
+    "n above VLLM_MAX_N_SEQUENCES": VLLMRule(
+        "vllm/sampling_params.py: _verify_num_sequences", {"n": 16385}, 400, "`n` must be in [1, 16384]"
+    ),
+    "more prompts than VLLM_MAX_COMPLETION_PROMPTS": VLLMRule(
+        "vllm/entrypoints/openai/completion/protocol.py: CompletionRequest.validate_prompt_list_length",
+        {"prompt": [[3]] * 1025},
+        400,
+        "prompt list length 1025 exceeds the maximum allowed count of 1024.",
+    ),
+    "an empty prompt": VLLMRule(
+        "vllm/entrypoints/openai/completion/protocol.py: CompletionRequest.validate_prompt_and_prompt_embeds",
+        {"prompt": ""},
+        400,
+        "Either prompt or prompt_embeds must be provided and non-empty.",
+    ),
+    "top_p outside (0, 1]": VLLMRule(
+        "vllm/sampling_params.py: SamplingParams._verify_args", {"top_p": 1.5}, 400, "`top_p` must be in (0, 1]"
+    ),
+    "top_k below -1": VLLMRule(
+        "vllm/sampling_params.py: SamplingParams._verify_args", {"top_k": -2}, 400, "`top_k` must be 0 or -1"
+    ),
+    "min_p outside [0, 1]": VLLMRule(
+        "vllm/sampling_params.py: SamplingParams._verify_args", {"min_p": 1.5}, 400, "`min_p` must be in [0, 1]"
+    ),
+    "repetition_penalty not above 0": VLLMRule(
+        "vllm/sampling_params.py: SamplingParams._verify_args",
+        {"repetition_penalty": 0},
+        400,
+        "`repetition_penalty` must be greater than zero",
+    ),
+    "max_tokens below 1": VLLMRule(
+        "vllm/sampling_params.py: SamplingParams._verify_args", {"max_tokens": 0}, 400, "`max_tokens` must be at least"
+    ),
+    "max_tokens above max_model_len": VLLMRule(
+        "vllm/entrypoints/openai/engine/serving.py: the prompt and max_tokens against max_model_len",
+        {"max_tokens": 500},
+        400,
+        "max_tokens=500 cannot be greater than max_model_len=128.",
+    ),
+    "a prompt that fills the context": VLLMRule(
+        "vllm/entrypoints/openai/engine/serving.py: the prompt and max_tokens against max_model_len",
+        {"prompt": [[3] * 129]},
+        400,
+        "This model's maximum context length is 128 tokens.",
+    ),
+    "logprobs not an integer": VLLMRule(
+        "vllm/entrypoints/openai/completion/protocol.py: CompletionRequest.check_logprobs",
+        {"logprobs": "2"},
+        400,
+        "`logprobs` must be an integer.",
+    ),
+    "logprobs below -1": VLLMRule(
+        "vllm/entrypoints/openai/completion/protocol.py: CompletionRequest.check_logprobs",
+        {"logprobs": -2},
+        400,
+        "`logprobs` must be a positive value or -1",
+    ),
+    "logprobs above --max-logprobs": VLLMRule(
+        "vllm/sampling_params.py: SamplingParams._validate_logprobs",
+        {"logprobs": 21},
+        400,
+        "Requested sample logprobs of 21, which is greater than max allowed: 20",
+    ),
+    "stop_token_ids that are not token ids": VLLMRule(
+        "vllm/sampling_params.py: SamplingParams._verify_args",
+        {"stop_token_ids": ["a"]},
+        400,
+        "`stop_token_ids` must be a list of token ids.",
+    ),
+    "a seed beyond 64 bits": VLLMRule(
+        "vllm/entrypoints/openai/completion/protocol.py: CompletionRequest.seed (ge=-2**63, le=2**63-1)",
+        {"seed": 2**63},
+        400,
+        "`seed` must be a 64-bit integer",
+    ),
+    "a negative token id": VLLMRule(
+        "vllm/entrypoints/openai/completion/protocol.py: CompletionRequest.prompt (ge=0)",
+        {"prompt": [[3, -1]]},
+        400,
+        "Token id -1 is out of vocabulary.",
+    ),
+    "a model the server does not serve": VLLMRule(
+        "vllm/entrypoints/openai/models/serving.py: the model's aliases", {"model": "other"}, 404, "The model `other`"
+    ),
+}
+
+
+@pytest.mark.parametrize("rule", VLLM_RULES.values(), ids=VLLM_RULES.keys())
+def test_the_server_refuses_what_vllm_refuses_with_its_message(url, rule):
+    status, answer = call(url, "/v1/completions", {"prompt": PROMPTS, "max_tokens": 2} | rule.body)
+    assert status == rule.status, (rule.source, answer)
+    assert answer["error"]["message"].startswith(rule.message), (rule.source, answer["error"]["message"])
+
+
+def test_the_server_accepts_what_vllm_accepts(url):
+    """Fields vLLM does not know are ignored (OpenAIBaseModel: extra="allow"); a temperature between 0 and 0.01 is
+    raised to 0.01 (SamplingParams.__post_init__), not refused; the prompt limit holds for lists of prompts only."""
+    complete(url, prompt=PROMPTS, max_tokens=1, some_field_vllm_does_not_know=1, temperature=0.005)
+    complete(url, prompt=[[3]] * 1024, max_tokens=1)
+    complete(url, prompt=[3] * 100, max_tokens=1)  # one prompt of 100 token ids, not 100 prompts
+
+
+def test_server_info_says_what_a_trainer_needs_before_the_rendezvous(url):
+    status, answer = call(url, "/server_info?config_format=json")
+    assert status == 200 and answer["grpo_kit_test_server"] is True
+    assert answer["vllm_config"]["weight_transfer_config"] == {"backend": "gloo"}
+    assert answer["vllm_env"]["VLLM_MAX_COMPLETION_PROMPTS"] == 1024
+    assert isinstance(call(url, "/server_info")[1]["vllm_config"], str)  # vLLM's default format is text
+
+
 def test_unknown_routes_and_models_get_a_404(url):
-    assert call(url, "/v1/chat/completions", {}) == (
+    assert call(url, "/v1/embeddings", {}) == (
         404,
         {"error": {"message": "Not Found", "type": "NotFoundError", "param": None, "code": 404}},
     )
@@ -275,9 +415,9 @@ def test_weight_routes_refuse_nccl_and_updates_out_of_order(url):
     nccl = {"nccl_unique_id_b64": "AAAA", "rank_offset": 1, "world_size": 2, "packed": True}
     status, answer = call(url, "/init_weight_transfer_engine", {"init_info": nccl})
     assert status == 400 and "generation.weight_transport=gloo" in answer["error"]["message"]
-    assert call(url, "/start_weight_update", {})[0] == 400  # no trainer has joined
-    assert call(url, "/update_weights", {"update_info": {"names": [], "dtype_names": [], "shapes": []}})[0] == 400
-    assert call(url, "/finish_weight_update", {"weight_version": "1"})[0] == 400
+    assert call(url, "/start_weight_update", {})[0] == 500  # no trainer has joined: vLLM's worker raises
+    assert call(url, "/update_weights", {"update_info": {"names": [], "dtype_names": [], "shapes": []}})[0] == 500
+    assert call(url, "/finish_weight_update", {"weight_version": "1"})[0] == 500
 
 
 class Trainer:
@@ -301,20 +441,20 @@ class Trainer:
             assert answer.result() == (200, {"message": "Weight transfer initialized"})
 
     def sync(self, named: list[tuple[str, torch.Tensor]], version: str, announce: bool = True) -> tuple[int, dict]:
-        """One round: pause, start, update while broadcasting, finish, resume. The answer to /update_weights."""
+        """One round: pause, start, update while broadcasting, finish, resume. The answer to /update_weights.
+
+        The broadcast runs in the background: a server that refuses the round receives none of it."""
         metas = [transport.TensorMeta.of(name, tensor) for name, tensor in named] if announce else []
         tensors = [tensor.contiguous() for _, tensor in named]
         assert call(self.url, "/pause?mode=wait", {}) == (200, {"status": "paused"})
         assert call(self.url, "/start_weight_update", {}) == (200, {"message": "Weight update started"})
-        with ThreadPoolExecutor(1) as pool:
-            update = pool.submit(call, self.url, "/update_weights", {"update_info": transport.update_info(metas)})
-            if self.packed:
-                transport.send(self.group, tensors, SMALL_BUFFER)
-            else:
-                for tensor in tensors:
-                    self.group.broadcast(tensor)
-            answer = update.result(timeout=60)
+        if self.packed:
+            sending = Background(lambda: transport.send(self.group, tensors, "cpu", SMALL_BUFFER))
+        else:
+            sending = Background(lambda: [self.group.broadcast(tensor) for tensor in tensors])
+        answer = call(self.url, "/update_weights", {"update_info": transport.update_info(metas)})
         if answer[0] == 200:
+            assert sending.done.wait(60) and sending.error is None, sending.error
             assert call(self.url, "/finish_weight_update", {"weight_version": version}) == (
                 200,
                 {"message": "Weight update finished"},
@@ -364,7 +504,7 @@ def test_weight_syncs_land_packed_and_reuse_the_last_metadata(sync_url, model_di
         trainer.close()
 
 
-def test_a_round_with_unknown_or_misshapen_weights_is_refused_whole_and_the_trainer_does_not_hang(sync_url, model_dir):
+def test_a_round_with_unknown_or_misshapen_weights_is_refused_whole_before_a_byte_arrives(sync_url, model_dir):
     trainer = Trainer(sync_url, packed=True)
     try:
         model = perturbed(model_dir, seed=3)
@@ -374,15 +514,20 @@ def test_a_round_with_unknown_or_misshapen_weights_is_refused_whole_and_the_trai
         named = list(perturbed(model_dir, seed=4).state_dict().items())
         named[0] = ("model.no_such_weight", named[0][1])
         named[1] = (named[1][0], named[1][1].reshape(-1))
-        status, answer = trainer.sync(named, "4")  # returns: the server received the broadcast all the same
+        status, answer = trainer.sync(named, "4")  # answered while the trainer's broadcast has no receiver
 
-        assert status == 400 and answer["error"]["type"] == "BadRequestError"
+        assert status == 500 and answer["error"]["type"] == "InternalServerError"
         assert "model.no_such_weight" in answer["error"]["message"] and named[1][0] in answer["error"]["message"]
         assert server_checksums(sync_url) == before, "no weight of a refused round is loaded"
         assert call(sync_url, "/weight_info") == (200, {"weight_version": "3"})
-        assert trainer.sync(list(model.state_dict().items()), "5") == (200, {"message": "Weights updated"})
+        assert call(sync_url, "/start_weight_update", {})[0] == 500, "the refused round spent the group"
     finally:
-        trainer.close()
+        trainer.group.close()
+    again = Trainer(sync_url, packed=True)  # a new group works as the first did
+    try:
+        assert again.sync(list(model.state_dict().items()), "5") == (200, {"message": "Weights updated"})
+    finally:
+        again.close()
 
 
 def test_unpacked_weights_arrive_one_broadcast_each(sync_url, model_dir):

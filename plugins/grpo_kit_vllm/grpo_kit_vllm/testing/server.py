@@ -26,14 +26,25 @@ distributed/weight_transfer/nccl_engine.py) except where this list says otherwis
   own, often fused, parameter names (`dp0:pp0:pcp0:tp0:model.layers.0.self_attn.qkv_proj.weight`), in the dtype
   it serves: there, compare a server with itself (`action: compare` against an earlier `checksum`), not with the
   trainer.
-- Calling the weight-update routes out of order (`/update_weights` before `/start_weight_update`, ...) answers
-  400 here; vLLM's workers raise a RuntimeError there, which its server answers 500.
+- A round naming a tensor the model has no parameter for (a buffer, a misspelt name) is answered 500 before a
+  byte is received; vLLM fails the same way at that tensor's chunk, so with one chunk it receives the whole round
+  first. Either way the trainer is left broadcasting to no one: it must be watching the answer.
+- `/server_info` reports what a trainer reads there (weight_transfer_config, the request limits) and says it is
+  this test server (`grpo_kit_test_server`), the only server a trainer may send weights over gloo.
+- `/v1/chat/completions` renders the messages with the tokenizer's chat template and answers as vLLM does, without
+  log-probs, tools or streaming.
+
+Otherwise it is as strict as vLLM 0.33: every request rule that vLLM's SamplingParams and completions protocol
+check, and that a client of this one could break, is checked here with vLLM's message
+(plugins/grpo_kit_vllm/tests/test_test_server.py::VLLM_RULES lists each with its place in vLLM's wheel).
 """
 
 import argparse
 import contextlib
 import itertools
 import json
+import math
+import os
 import signal
 import sys
 import threading
@@ -53,6 +64,13 @@ from grpo_kit_vllm import transport
 DEFAULT_MAX_TOKENS = 16  # vLLM's CompletionRequest.max_tokens
 MAX_LOGPROBS = 20  # vLLM's --max-logprobs default
 GREEDY_TEMPERATURE = 1e-5  # vLLM samples greedily below this temperature
+MIN_TEMPERATURE = 1e-2  # vLLM raises a temperature between 0 and this to it (SamplingParams.__post_init__)
+MAX_TEMPERATURE = 2.0
+INT64 = (-(2**63), 2**63 - 1)  # the seed's range (CompletionRequest.seed)
+# Limits vLLM reads from its environment (envs.py), with its defaults.
+LIMITS = {"VLLM_MAX_COMPLETION_PROMPTS": 1024, "VLLM_MAX_N_SEQUENCES": 16384}
+# What vLLM's worker raises (v1/worker/gpu_worker.py: _check_weight_transfer_engine), answered 500.
+NOT_CONFIGURED = "Weight transfer not configured. Please set weight_transfer_config to enable weight transfer."
 LOGPROB_FLOOR = -9999.0  # vLLM's stand-in for -inf, which JSON cannot carry
 INITIAL_WEIGHT_VERSION = "default"  # vLLM's engine starts with this label
 PAUSE_MODES = ("abort", "wait", "keep")
@@ -97,6 +115,13 @@ class RequestError(Exception):
         return {"error": {"message": self.message, "type": error_type, "param": self.param, "code": self.status.value}}
 
 
+class OutOfOrder(RequestError):
+    """A weight route called out of turn: vLLM's worker raises a RuntimeError, which its server answers 500."""
+
+    def __init__(self, message: str):
+        super().__init__(message, HTTPStatus.INTERNAL_SERVER_ERROR)
+
+
 @dataclass(frozen=True)
 class CompletionRequest:
     """A validated /v1/completions request: the prompts as token ids and how to sample from them."""
@@ -133,6 +158,11 @@ class Sample:
     stop_reason: int | None  # the stop token where it is one of stop_token_ids; None for the EOS token, as in vLLM
     logprobs: list[float] | None  # the processed log-prob of each sampled token
     top_logprobs: list[list[tuple[int, float]]] | None  # per token, the most likely (token id, log-prob) pairs
+
+
+def limit(name: str) -> int:
+    """One of vLLM's request limits, from the environment as vLLM reads it."""
+    return int(os.environ.get(name, LIMITS[name]))
 
 
 def _field(body: dict, name: str, types: type | tuple[type, ...], default=None, check=None, rule: str = ""):
@@ -173,9 +203,8 @@ class Worker:
         self.vocab_size = self.model.get_input_embeddings().num_embeddings
         self.max_model_len = self.model.config.get_text_config().max_position_embeddings
         # Every tensor a trainer may send, by its checkpoint name, a tied `lm_head.weight` too; loaded in place.
-        self.targets = dict(self.model.named_buffers(remove_duplicate=False)) | dict(
-            self.model.named_parameters(remove_duplicate=False)
-        )
+        # Parameters only: vLLM's models load no buffer (AutoWeightsLoader refuses any other name).
+        self.targets = dict(self.model.named_parameters(remove_duplicate=False))
         self.lock = threading.Lock()
         self.weight_version = INITIAL_WEIGHT_VERSION
 
@@ -211,6 +240,8 @@ class Worker:
                     "Please reduce the length of the input prompt.",
                     param="input_tokens",
                 )
+        if body.get("logprobs") is not None and not isinstance(body["logprobs"], (int, float)):
+            raise RequestError("`logprobs` must be an integer.", param="logprobs")
         logprobs = _field(body, "logprobs", int, None, lambda v: v >= -1, "a positive value or -1")
         if logprobs is not None and (self.vocab_size if logprobs == -1 else logprobs) > MAX_LOGPROBS:
             raise RequestError(
@@ -223,13 +254,16 @@ class Worker:
         ignore_eos = _field(body, "ignore_eos", bool, False)
         defaults = self.sampling_defaults
         top_k = _field(body, "top_k", int, defaults.get("top_k", 0), lambda v: v >= -1, "0 or -1 (off), or >= 1")
+        temperature = self._temperature(_field(body, "temperature", (int, float), defaults.get("temperature", 1.0)))
+        max_n = limit("VLLM_MAX_N_SEQUENCES")
+        n = _field(body, "n", int, 1, lambda v: 1 <= v <= max_n, f"in [1, {max_n}] (VLLM_MAX_N_SEQUENCES)")
+        if n > 1 and temperature < GREEDY_TEMPERATURE:
+            raise RequestError(f"n must be 1 when using greedy sampling, got {n}.", param="n")
         return CompletionRequest(
             prompts=prompts,
-            n=_field(body, "n", int, 1, lambda v: v >= 1, "at least 1"),
+            n=n,
             max_tokens=max_tokens,
-            temperature=_field(
-                body, "temperature", (int, float), defaults.get("temperature", 1.0), lambda v: v >= 0, "non-negative"
-            ),
+            temperature=temperature,
             top_p=_field(body, "top_p", (int, float), defaults.get("top_p", 1.0), lambda v: 0 < v <= 1, "in (0, 1]"),
             top_k=max(top_k, 0),
             min_p=_field(body, "min_p", (int, float), defaults.get("min_p", 0.0), lambda v: 0 <= v <= 1, "in [0, 1]"),
@@ -241,7 +275,7 @@ class Worker:
                 lambda v: v > 0,
                 "greater than zero",
             ),
-            seed=_field(body, "seed", int),
+            seed=_field(body, "seed", int, None, lambda v: INT64[0] <= v <= INT64[1], "a 64-bit integer"),
             logprobs=self.vocab_size if logprobs == -1 else logprobs,
             # vLLM stops on the generation config's extra EOS ids unless told to ignore EOS.
             stop_token_ids=frozenset(stop_token_ids) | (frozenset() if ignore_eos else self.extra_eos_ids),
@@ -253,6 +287,17 @@ class Worker:
             return_weight_versions=_field(body, "return_weight_versions", bool, False),
         )
 
+    @staticmethod
+    def _temperature(temperature: float) -> float:
+        """vLLM's checks (SamplingParams._verify_args), and its raising of tiny temperatures (__post_init__)."""
+        if not math.isfinite(temperature):
+            raise RequestError(f"temperature must be a finite number, got {temperature}.", param="temperature")
+        if temperature < 0:
+            raise RequestError(f"temperature must be non-negative, got {temperature}.", param="temperature")
+        if temperature > MAX_TEMPERATURE:
+            raise RequestError(f"temperature must be in [0, 2], got {temperature}.", param="temperature")
+        return max(temperature, MIN_TEMPERATURE) if temperature > 0 else temperature
+
     def _prompts(self, prompt, add_special_tokens: bool) -> list[list[int]]:
         """The prompt field as lists of token ids: one list, a list of lists, a text or a list of texts."""
         if prompt is None or prompt == "":
@@ -261,6 +306,12 @@ class Worker:
             prompt = [prompt]
         if not isinstance(prompt, list) or not prompt:
             raise RequestError("`prompt` must be token ids, a list of lists of token ids, or text.", param="prompt")
+        if len(prompt) > (most := limit("VLLM_MAX_COMPLETION_PROMPTS")):
+            raise RequestError(
+                f"prompt list length {len(prompt)} exceeds the maximum allowed count of {most}. To increase this "
+                "limit, set the VLLM_MAX_COMPLETION_PROMPTS environment variable.",
+                param="prompt",
+            )
         prompts = []
         for item in prompt:
             if isinstance(item, str):
@@ -476,17 +527,29 @@ UPDATE_FIELDS = {"names", "dtype_names", "shapes"}
 
 
 class WeightSync:
-    """The receiving end of vLLM's weight transfer: the trainer's group and the update round in progress."""
+    """The receiving end of vLLM's weight transfer: the trainer's group and the update round in progress.
 
-    def __init__(self, worker: Worker):
+    `configured` false is a vLLM started without --weight-transfer-config: every route answers 500.
+    `freeze_at_update` k > 0 makes the k-th /update_weights stop this whole process (SIGSTOP) before it receives a
+    byte, its sockets open: a server that hangs mid-broadcast, as a dead GPU does, for the tests of the trainer's
+    deadline (gloo would otherwise notice a closed socket where NCCL waits forever).
+    """
+
+    def __init__(self, worker: Worker, configured: bool = True, freeze_at_update: int = 0):
         self.worker = worker
+        self.configured, self.freeze_at_update, self.updates = configured, freeze_at_update, 0
         self.lock = threading.Lock()  # taken before the worker's lock, never after
         self.group: transport.GlooGroup | None = None
         self.packed, self.buffer_bytes = False, transport.BUFFER_BYTES
         self.updating = False
         self.last_metas: list[transport.TensorMeta] = []  # what an update with empty metadata receives again
 
+    def check_configured(self) -> None:
+        if not self.configured:
+            raise RequestError(NOT_CONFIGURED, HTTPStatus.INTERNAL_SERVER_ERROR)
+
     def init(self, body: dict, query: dict) -> dict:
+        self.check_configured()
         info = body.get("init_info")
         if not isinstance(info, dict):
             raise RequestError("`init_info` must be an object.", param="init_info")
@@ -522,11 +585,12 @@ class WeightSync:
         return {"message": "Weight transfer initialized"}
 
     def start(self, body: dict, query: dict) -> dict:
+        self.check_configured()
         with self.lock:
             if self.group is None:
-                raise RequestError("Weight transfer is not initialized: POST /init_weight_transfer_engine first.")
+                raise OutOfOrder("Weight transfer is not initialized: POST /init_weight_transfer_engine first.")
             if self.updating:
-                raise RequestError(
+                raise OutOfOrder(
                     "start_weight_update called while a weight update is already active. "
                     "Call finish_weight_update first."
                 )
@@ -534,6 +598,7 @@ class WeightSync:
         return {"message": "Weight update started"}
 
     def update(self, body: dict, query: dict) -> dict:
+        self.check_configured()
         info = body.get("update_info")
         if isinstance(info, list) and len(info) == 1:  # vLLM also takes one update_info per worker
             info = info[0]
@@ -541,32 +606,37 @@ class WeightSync:
             raise RequestError("`update_info` must be an object.", param="update_info")
         with self.lock:
             if self.group is None:
-                raise RequestError("Weight transfer is not initialized: POST /init_weight_transfer_engine first.")
+                raise OutOfOrder("Weight transfer is not initialized: POST /init_weight_transfer_engine first.")
             if not self.updating:
-                raise RequestError("start_weight_update must be called before update_weights.")
+                raise OutOfOrder("start_weight_update must be called before update_weights.")
             try:
                 metas = self._metas(info)
-                # Refused weights are received all the same: the trainer is broadcasting them and must not hang.
-                refused = self._refused(metas)
-                with self.worker.lock:
-                    for chunk in self._receive(metas):
-                        if not refused:
-                            self.worker.load(chunk)
-                if refused:
+                if refused := self._refused(metas):
+                    # vLLM's loader raises at the first such name and receives no further chunk, leaving the trainer
+                    # broadcasting to no one; here none is received at all, so a trainer that waits without a
+                    # deadline hangs in CI as it would on GPUs. The group is spent.
+                    self.close()
                     raise RequestError(
                         "update_weights sent weights this model cannot take, so none was loaded: " + "; ".join(refused),
-                        param="update_info",
+                        HTTPStatus.INTERNAL_SERVER_ERROR,
                     )
+                self.updates += 1
+                if self.updates == self.freeze_at_update:
+                    os.kill(os.getpid(), signal.SIGSTOP)
+                with self.worker.lock:
+                    for chunk in self._receive(metas):
+                        self.worker.load(chunk)
             except BaseException:
                 self.updating = False  # as vLLM's worker, a failed update ends the round
                 raise
         return {"message": "Weights updated"}
 
     def finish(self, body: dict, query: dict) -> dict:
+        self.check_configured()
         version = _field(body, "weight_version", str)
         with self.lock:
             if not self.updating:
-                raise RequestError("finish_weight_update called without a matching start_weight_update.")
+                raise OutOfOrder("finish_weight_update called without a matching start_weight_update.")
             self.updating = False
             if version is not None:  # vLLM keeps the last version when none is given
                 with self.worker.lock:
@@ -613,7 +683,7 @@ class WeightSync:
         for meta in metas:
             target = targets.get(meta.name)
             if target is None:
-                refused.append(f"{meta.name} is no parameter or buffer of the model")
+                refused.append(f"there is no module or parameter named {meta.name!r}")
             elif tuple(target.shape) != meta.shape:
                 refused.append(f"{meta.name} has shape {list(meta.shape)}, the model's {list(target.shape)}")
         return refused
@@ -640,16 +710,19 @@ class Server(ThreadingHTTPServer):
     """The HTTP routes: vLLM's paths, each a function of the JSON body and the query."""
 
     daemon_threads = True  # a request blocked on a trainer that never comes must not keep the process alive
+    request_queue_size = 128  # socketserver's 5 turns away concurrent clients (a judge reward's), as uvicorn does not
 
-    def __init__(self, address: tuple[str, int], worker: Worker):
+    def __init__(self, address: tuple[str, int], worker: Worker, weights: WeightSync | None = None):
         super().__init__(address, Handler)
-        self.worker, self.gate, self.weights = worker, Gate(), WeightSync(worker)
+        self.worker, self.gate, self.weights = worker, Gate(), weights or WeightSync(worker)
         self.routes = {
             ("GET", "/health"): lambda body, query: None,
             ("GET", "/v1/models"): self.models,
             ("GET", "/get_world_size"): lambda body, query: {"world_size": 1},
             ("GET", "/is_paused"): lambda body, query: {"is_paused": self.gate.mode is not None},
             ("GET", "/weight_info"): lambda body, query: {"weight_version": self.worker.weight_version},
+            ("GET", "/server_info"): self.server_info,
+            ("POST", "/v1/chat/completions"): self.chat_completions,
             ("POST", "/v1/completions"): self.completions,
             ("POST", "/pause"): self.pause,
             ("POST", "/resume"): self.resume,
@@ -673,6 +746,48 @@ class Server(ThreadingHTTPServer):
             "permission": [],
         }
         return {"object": "list", "data": [card]}
+
+    def server_info(self, body: dict, query: dict) -> dict:
+        """vLLM's development route, with the parts a trainer reads: whether weights can arrive (vllm_config's
+        weight_transfer_config), the request limits (vllm_env) and the NCCL package (system_env's pip list; none
+        here), and a key vLLM does not have, saying that this is the test server, which takes weights over gloo."""
+        transfer = {"backend": "gloo"} if self.weights.configured else None
+        config = {"model_config": {"model": self.worker.name}, "weight_transfer_config": transfer}
+        if query.get("config_format", ["text"])[0] == "text":
+            config = str(config)
+        return {
+            "vllm_config": config,
+            "vllm_env": {name: limit(name) for name in LIMITS},
+            "system_env": {"torch_version": torch.__version__, "pip_packages": f"torch=={torch.__version__}"},
+            "grpo_kit_test_server": True,
+        }
+
+    def chat_completions(self, body: dict, query: dict) -> dict:
+        """vLLM's /v1/chat/completions: the messages through the tokenizer's chat template, then as a completion."""
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages:
+            raise RequestError("`messages` must be a non-empty list of messages.", param="messages")
+        if self.worker.tokenizer.chat_template is None:
+            raise RequestError(
+                "As of transformers v4.44, default chat template is no longer allowed, so you must provide a chat "
+                "template if the tokenizer does not define one."
+            )
+        prompt = self.worker.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        if body.get("logprobs"):
+            raise RequestError("`logprobs` is not supported by this CPU test server's chat route.", param="logprobs")
+        chat_only = ("messages", "max_completion_tokens", "logprobs", "top_logprobs")
+        fields = {key: value for key, value in body.items() if key not in chat_only}
+        fields["max_tokens"] = body.get("max_completion_tokens", body.get("max_tokens"))
+        request = self.worker.parse(fields | {"prompt": prompt, "add_special_tokens": False})
+        with self.gate.admit():
+            response = self.worker.complete(request)
+        for choice in response["choices"]:
+            text = choice.pop("text")
+            choice["message"] = {"role": "assistant", "content": text, "tool_calls": []}
+            choice["logprobs"] = None
+        response["id"] = "chat" + response["id"]
+        response["object"] = "chat.completion"
+        return response
 
     def completions(self, body: dict, query: dict) -> dict:
         request = self.worker.parse(body)  # a bad request is a 400 even while paused, as in vLLM
@@ -771,9 +886,23 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--seed", type=int, default=0, help="seeds the sampling of requests that bring no seed")
+    parser.add_argument(
+        "--no-weight-transfer",
+        action="store_true",
+        help="act as a vLLM started without --weight-transfer-config: the weight routes answer 500",
+    )
+    parser.add_argument(
+        "--freeze-at-update",
+        type=int,
+        default=0,
+        metavar="K",
+        help="stop this process (SIGSTOP) at the K-th /update_weights, before it receives: a hung server, for tests",
+    )
     args = parser.parse_args(argv)
     transformers.logging.set_verbosity_error()  # greedy requests would be told that their top_k goes unused
-    server = Server((args.host, args.port), Worker(args.model, args.seed))
+    worker = Worker(args.model, args.seed)
+    weights = WeightSync(worker, configured=not args.no_weight_transfer, freeze_at_update=args.freeze_at_update)
+    server = Server((args.host, args.port), worker, weights)
 
     def stop(signum, frame):
         threading.Thread(target=server.shutdown).start()  # shutdown() waits for serve_forever, in this thread
