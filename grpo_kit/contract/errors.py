@@ -21,7 +21,8 @@ class InputFileError(ConfigError, FileNotFoundError):
 
 
 class RewardError(UserError):
-    """A reward function returned something the run cannot use."""
+    """A reward function returned something the run cannot use, or raised it to stop the run (any other exception
+    a reward raises scores its completions None, and the run goes on)."""
 
 
 class GenerationUnavailable(UserError):

@@ -9,7 +9,7 @@ from grpo_kit.contract.errors import ConfigError, InputFileError
 from grpo_kit.contract.kinds import declared
 from grpo_kit.rollout.prompts import is_conversational, looks_local, prompt_text
 
-TRL_ARGUMENTS = {"prompts", "completions", "completion_ids", "trainer_state", "log_extra", "log_metric"}
+TRL_ARGUMENTS = {"prompts", "completions", "completion_ids", "trainer_state", "log_extra", "log_metric", "environments"}
 
 
 def check_model_path(name_or_path: str | None) -> None:

@@ -7,7 +7,8 @@ a pool of worker processes, the batch split among the workers. A CPU-heavy rewar
 heavy work (a plain number to compare, say): those are scored in this process, and only the rest go to the
 workers. The pool starts when a batch first has completions for it, so a run whose answers are all quick to score
 never pays for its processes. No reward holds a run up for longer than `timeout`:
-a call that runs past it or raises gives None for its completions and is counted in `rewards/NAME/failures`. A
+a call that runs past it or raises gives None for its completions and is counted in `rewards/NAME/failures`,
+except a RewardError, which a reward raises to stop the run (an LLM judge told to stop when it gets no answer). A
 reward that returns None for every completion of a batch is warned about too (once): a completion that no reward
 scores trains on nothing, so a run whose rewards all do that trains on nothing at all. A result the run cannot use
 (wrong length, a value that is not a finite number) is a bug in the reward, not bad luck, so it stops the run with
@@ -15,9 +16,10 @@ RewardError.
 
 Besides the dataset's columns, every reward is handed TRL's keyword arguments: `trainer_state` (a transformers
 TrainerState: global_step, max_steps, epoch, ...), `log_extra(column, values)` (a column of the sample tables, one
-value per completion) and `log_metric(name, value)` (a metric, averaged over the batch's calls). Rewards that run in
+value per completion) and `log_metric(name, value)` (a metric, averaged over the batch's calls); in a run with an
+environment, `environments` too (the completions' environment instances, after their episodes). Rewards that run in
 worker processes get only `trainer_state` (its fields, in a SimpleNamespace): what they logged there could not
-come back.
+come back, and environments need not pickle.
 """
 
 import asyncio
@@ -51,6 +53,7 @@ _START_METHOD = "forkserver" if "forkserver" in multiprocessing.get_all_start_me
 
 
 LOGGING_ARGUMENTS = ("log_extra", "log_metric")  # TRL's keyword arguments that log from inside a reward
+IN_PROCESS_ARGUMENTS = (*LOGGING_ARGUMENTS, "environments")  # never sent to a worker process
 
 
 @dataclass
@@ -156,6 +159,8 @@ class Scorer:
                 call.future.cancel()  # stops a coroutine; a thread or a process cannot be stopped, only abandoned
                 self._failed(call.name, f"timed out after {self.timeout:g} s")
                 worker_stuck |= call.name in self.in_processes
+            elif isinstance(call.future.exception(), RewardError):
+                raise call.future.exception()
             elif call.future.exception() is not None:
                 self._failed(call.name, f"raised {call.future.exception()!r}", call.future.exception())
             else:
@@ -221,7 +226,7 @@ class Scorer:
         share = {
             key: [value[row] for row in rows] if _per_completion(value, count) else value
             for key, value in arguments.items()
-            if key not in LOGGING_ARGUMENTS
+            if key not in IN_PROCESS_ARGUMENTS
         }
         # Its fields, not the TrainerState itself, whose class would make the worker import transformers' Trainer.
         share["trainer_state"] = types.SimpleNamespace(**dataclasses.asdict(self.trainer_state))

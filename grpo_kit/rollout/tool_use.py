@@ -171,11 +171,11 @@ def toolbox(functions: list[Callable]) -> dict[str, Callable]:
 
 
 def environment_tools(environment) -> list[Callable]:
-    """An environment's tools: its public methods but `reset`."""
+    """An environment's tools: its public methods but `reset` and `get_reward` (its score, for +reward=environment)."""
     return [
         getattr(environment, name)
         for name, member in inspect.getmembers(type(environment), callable)
-        if not name.startswith("_") and name != "reset"
+        if not name.startswith("_") and name not in ("reset", "get_reward")
     ]
 
 

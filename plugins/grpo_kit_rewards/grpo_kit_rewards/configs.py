@@ -63,3 +63,46 @@ class RewardModelConfig(RewardConfig):
     dtype: str = "auto"  # the model's torch dtype (bfloat16, float32, ...); "auto": the checkpoint's
     # Run the reward model's own code from the hub: as model.trust_remote_code in a run, false outside one.
     trust_remote_code: bool = II("oc.select:model.trust_remote_code,false")
+
+
+JUDGE_TEMPLATE = (
+    "Rate how well the response answers the question, from 0 (wrong) to 10 (entirely right).\n\n"
+    "Question:\n{prompt}\n\nResponse:\n{completion}\n\nEnd your answer with the score, a number from 0 to 10."
+)
+
+
+@dataclass
+class JudgeConfig(RewardConfig):
+    base_url: str | None = None  # the OpenAI-compatible server, e.g. http://localhost:8000 (/v1 is added); required
+    model: str | None = None  # the name the server serves the judge under; required
+    api: str = "chat"  # "chat": /v1/chat/completions; "completions": /v1/completions, for servers without chat
+    template: str = JUDGE_TEMPLATE  # {prompt}, {completion} and any dataset column {NAME}; a literal brace doubled
+    system_prompt: str | None = None  # a system message before the template's (api=chat)
+    score_pattern: str = r"(-?\d+(?:\.\d+)?)"  # its last match in the answer (its first group, if any) is the score
+    score_min: float = 0.0  # the judge's score that becomes reward 0.0; below it: a failure
+    score_max: float = 10.0  # the judge's score that becomes reward 1.0 (linear between); above it: a failure
+    max_tokens: int = 512  # the judge's answer, at most
+    temperature: float = 0.0  # the judge's sampling temperature; 0: greedy, the same answer each time
+    api_key: str | None = None  # sent as a bearer token; e.g. reward.judge.api_key='${oc.env:OPENAI_API_KEY}'
+    concurrency: int = 8  # requests in flight at once
+    timeout_s: float = 30.0  # per request; the whole batch is also bounded by trainer.reward_timeout
+    retries: int = 2  # further attempts after a request fails to get an answer (no connection, timeout, 429, 5xx)
+    retry_delay_s: float = 0.5  # before the first retry, doubling after each
+    on_failure: str = "zero"  # a row without a usable score: "zero" (0.0, counted in rewards/judge/failed_rows), "stop"
+
+
+@dataclass
+class CodeExecutionConfig(RewardConfig):
+    tests_column: str = "tests"  # the dataset column of each row's tests: python source, one string or a list
+    timeout_s: float = 5.0  # wall clock per completion (and its CPU time, rounded up); then its processes are killed
+    memory_mb: int = 512  # address space per process (RLIMIT_AS)
+    max_output_bytes: int = 1_000_000  # the largest file it may write, its stdout and stderr included (RLIMIT_FSIZE)
+    max_processes: int = 16  # processes and threads it may run at once (RLIMIT_NPROC, and a watchdog: docs/rewards.md)
+    workers: int = 4  # completions run at once
+    partial_credit: bool = False  # false: 1.0 when every test passes, else 0.0; true: the fraction of tests passed
+    isolation: str = "auto"  # "auto": namespaces where the OS allows, else the fallback with a warning; "required"
+
+
+@dataclass
+class EnvironmentRewardConfig(RewardConfig):
+    environment: str | None = II("oc.select:environment.name,null")  # the run's +environment, checked at start

@@ -7,7 +7,10 @@ a run import none of them: not math-verify, nor torch.
 import grpo_kit
 from grpo_kit_rewards.configs import (
     AccuracyConfig,
+    CodeExecutionConfig,
     CosineScaledConfig,
+    EnvironmentRewardConfig,
+    JudgeConfig,
     PythonFunctionConfig,
     ReasoningAccuracyConfig,
     RepetitionPenaltyConfig,
@@ -26,3 +29,6 @@ def register_rewards(register):
     register("soft_overlong", "grpo_kit_rewards.soft_overlong:SoftOverlong", SoftOverlongConfig)
     register("python", "grpo_kit_rewards.python_function:PythonFunction", PythonFunctionConfig)
     register("reward_model", "grpo_kit_rewards.reward_model:RewardModel", RewardModelConfig)
+    register("judge", "grpo_kit_rewards.judge:Judge", JudgeConfig)
+    register("code_execution", "grpo_kit_rewards.code_execution:CodeExecution", CodeExecutionConfig)
+    register("environment", "grpo_kit_rewards.environment:EnvironmentReward", EnvironmentRewardConfig)

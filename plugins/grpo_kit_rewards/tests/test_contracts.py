@@ -34,6 +34,35 @@ class TestRewardModel(RewardContract):
         return {"path": str(tiny_reward_model(tmp_path_factory.mktemp("reward-model"))), "batch_size": 3}
 
 
+class TestJudge(RewardContract):
+    plugin_name = "judge"
+
+    @pytest.fixture(scope="class")
+    @classmethod
+    def plugin_options(cls, contract_case, judge_server):  # a real OpenAI-compatible server (conftest.py)
+        return {"base_url": judge_server.url, "model": "judge", "template": "{prompt}{completion}", "score_max": 1}
+
+
+class TestCodeExecution(RewardContract):
+    plugin_name = "code_execution"
+    options = {"timeout_s": 2.0, "memory_mb": 256}
+    columns = {"tests": ["assert True", ["assert 1 + 1 == 2", "assert False"], "assert x == 1", []]}
+
+
+class Episode:
+    def __init__(self, score):
+        self.score = score
+
+    def get_reward(self):
+        return self.score
+
+
+class TestEnvironmentReward(RewardContract):
+    plugin_name = "environment"
+    options = {"environment": "calculator"}  # in a run: the run's +environment
+    columns = {"environments": [Episode(1.0), Episode(0.0), Episode(0.5), Episode(None)]}
+
+
 def tiny_reward_model(directory):
     """A random one-layer sequence classifier with the embedded tokenizer and a chat template it can read."""
     return build_tiny_reward_model(

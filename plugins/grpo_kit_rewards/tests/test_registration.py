@@ -17,6 +17,9 @@ BUILT_INS = {
     "soft_overlong",
     "python",
     "reward_model",
+    "judge",
+    "code_execution",
+    "environment",
 }
 
 
