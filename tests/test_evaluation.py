@@ -2,7 +2,9 @@
 
 import importlib
 import json
+import math
 import random
+import re
 
 import pytest
 import torch
@@ -16,6 +18,7 @@ from grpo_kit.embedded import tool_use as embedded_tool_use
 from grpo_kit.plugins.registry import Registry, plugin_manager
 from grpo_kit.rollout.evaluation import load_eval_prompts
 from grpo_kit.rollout.prompts import load_prompts
+from grpo_kit.rollout.sampled_metrics import extracted_answer, majority_is_correct, pass_at_k, sampled_metrics
 from grpo_kit.testing import tiny_run
 
 
@@ -151,3 +154,99 @@ def test_an_eval_set_without_a_reward_column_is_refused_before_training(registry
     with pytest.raises(ValueError, match="solution"):
         grpo_kit.train(cfg, tmp_path / "run", registry)
     assert not (tmp_path / "run" / "metrics.jsonl").exists()
+
+
+# pass@k and maj@k (eval.num_samples), and named eval sets (eval.sets.NAME) --------------------------------------
+
+
+def test_pass_at_k_is_the_unbiased_estimator():
+    assert pass_at_k(5, 2, 2) == pytest.approx(1 - 3 / 10)  # 1 - C(3,2)/C(5,2), by hand
+    assert pass_at_k(5, 0, 2) == 0.0  # nothing correct
+    assert pass_at_k(5, 4, 2) == 1.0  # n - c < k: every pair holds a correct one
+    for n in range(1, 9):
+        for c in range(n + 1):
+            for k in range(1, n + 1):
+                assert pass_at_k(n, c, k) == pytest.approx(1 - math.comb(n - c, k) / math.comb(n, k))
+    assert pass_at_k(200, 3, 100) == pytest.approx(1 - math.comb(197, 100) / math.comb(200, 100))
+
+
+def test_maj_at_k_votes_among_extracted_answers():
+    pattern = re.compile(r"answer: (\d+)")
+    assert extracted_answer(" 7 ", None) == "7"
+    assert extracted_answer("answer: 3 then answer: 4", pattern) == "4"  # the last match, its group
+    assert extracted_answer([{"role": "assistant", "content": "answer: 5"}], pattern) == "5"
+    assert extracted_answer("no idea", pattern) is None
+    assert majority_is_correct(["4", "5", "4"], [True, False, True])
+    assert not majority_is_correct(["5", "4", None, None], [False, True, False, False])  # a tie: 5 came first
+    assert not majority_is_correct([None, None], [True, True])  # nothing voted
+    correct = torch.tensor([[1, 1], [0, 0], [0, 0], [1, 1]], dtype=torch.bool)  # two prompts, n=2; 1 reward
+    metrics = sampled_metrics(correct, ["a", "b", "c", "d"], 2, [1, 2], ["acc"], "eval/x/")
+    assert metrics == {
+        "eval/x/pass@1": 0.5,
+        "eval/x/pass@2": 1.0,
+        "eval/x/maj@2": 0.5,  # ties: the first answer wins, right for prompt 0, wrong for prompt 1
+        "eval/x/rewards/acc/pass@1": 0.5,
+        "eval/x/rewards/acc/pass@2": 1.0,
+        "eval/x/rewards/acc/maj@2": 0.5,
+    }
+
+
+def test_pass_at_k_is_logged_for_each_eval_set(registry, tiny_model, tmp_path, eval_file):
+    overrides = run(
+        tiny_model,
+        f"eval.path={eval_file}",
+        f"eval.sets.more.path={eval_file}",
+        "eval.sets.more.num_examples=2",
+        "eval.num_samples=3",
+        "eval.pass_at=[1,3]",
+        "eval.temperature=0.5",
+        "trainer.max_steps=1",
+    )
+    grpo_kit.train(grpo_kit.compose(overrides, registry), tmp_path / "run", registry)
+    last = logged(tmp_path / "run")[-1]
+    for prefix in ("eval/", "eval/more/"):
+        assert {f"{prefix}{name}" for name in ("reward", "pass@1", "pass@3", "maj@3")} <= set(last)
+        assert last[f"{prefix}pass@1"] == pytest.approx(last[f"{prefix}reward"])  # accuracy is 0 or 1
+        assert last[f"{prefix}pass@1"] <= last[f"{prefix}pass@3"]
+        assert last[f"{prefix}rewards/accuracy/pass@3"] == last[f"{prefix}pass@3"]
+    assert "eval/pass@2" not in last and "eval/maj@1" not in last
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["eval.num_samples=4", "eval.pass_at=[1,8]"], r"1 <= k <= eval.num_samples=4 \(k=8 is not\)"),
+        (["eval.pass_at=[1]"], "eval.num_samples=N turns on"),
+        (["eval.num_samples=4", "eval.num_generations=2"], "drop eval.num_generations"),
+        (["eval.temperature=0"], "eval.temperature=0.0 must be positive"),
+        (["eval.sets.rewards.path=x.jsonl"], "name the set otherwise"),
+        (["eval.sets.more.pth=x.jsonl"], "eval.sets.more names no file"),
+        (["eval.sets.more.path=x.jsonl", "eval.sets.more.splitt=test"], "eval.sets.more.splitt is not an option"),
+    ],
+)
+def test_bad_pass_at_k_settings_are_refused_when_composed(registry, extra, message):
+    with pytest.raises(ConfigError, match=message):
+        grpo_kit.compose(["+reward=accuracy", *extra], registry)
+
+
+def test_eval_sampling_settings_need_a_backend_that_takes_them(local_plugin, tiny_model, tmp_path, eval_file):
+    module = local_plugin(
+        "fixed_sampling_generation",
+        """
+        import grpo_kit
+        from grpo_kit_transformers.configs import TransformersGenerationConfig
+        from grpo_kit_transformers.generation import TransformersGeneration
+
+        class FixedSampling(TransformersGeneration):
+            def sampling(self, temperature, top_p):  # the protocol's default: the run's settings only
+                return None
+
+        @grpo_kit.hookimpl
+        def register_generations(register):
+            register("fixed_sampling", FixedSampling, TransformersGenerationConfig, samples_from_policy=True)
+    """,
+    )
+    registry = Registry(plugin_manager(local_modules=[module]))
+    overrides = run(tiny_model, "generation=fixed_sampling", f"eval.path={eval_file}", "eval.top_p=0.9")
+    with pytest.raises(ConfigError, match="samples only with the run's"):
+        grpo_kit.train(grpo_kit.compose(overrides, registry), tmp_path / "run", registry)

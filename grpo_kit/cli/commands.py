@@ -4,6 +4,7 @@
     grpo-kit plugins --json        the same as JSON
     grpo-kit plugins --kind loss   one kind only
     grpo-kit report DIR            a sweep's report.md, runs.csv, variants.csv and figures, written into DIR
+    grpo-kit eval RUN_DIR [K=V]    a run's model (or a checkpoint, or a model folder) on eval sets: eval.json
 
 A new command is a function `NAME_command(args) -> int` plus its parser in `build_parser`.
 """
@@ -14,6 +15,9 @@ import os
 import re
 import sys
 
+from grpo_kit.cli.evaluate import DESCRIPTION as EVAL_DESCRIPTION
+from grpo_kit.cli.evaluate import add_arguments as add_eval_arguments
+from grpo_kit.cli.evaluate import eval_command
 from grpo_kit.contract.errors import PluginError
 from grpo_kit.contract.kinds import KINDS
 from grpo_kit.plugins.inventory import InstalledPlugin, installed_plugins
@@ -21,7 +25,7 @@ from grpo_kit.report.command import DESCRIPTION as REPORT_DESCRIPTION
 from grpo_kit.report.command import add_arguments as add_report_arguments
 from grpo_kit.report.command import report_command
 
-COMMANDS = ("plugins", "report")
+COMMANDS = ("plugins", "report", "eval")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -77,6 +81,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_report_arguments(report)
     report.set_defaults(run=report_command)
+    evaluation = commands.add_parser(
+        "eval",
+        help="evaluate a run's model, a checkpoint or a model folder, without training",
+        description=EVAL_DESCRIPTION,
+    )
+    add_eval_arguments(evaluation)
+    evaluation.set_defaults(run=eval_command)
     return parser
 
 

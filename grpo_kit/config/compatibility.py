@@ -6,7 +6,9 @@ an advantage that needs groups), so this file names no plugin. It reads them as 
 (`Plugin.traits`), so that checking a run imports no plugin's implementation.
 """
 
+import dataclasses
 import logging
+import re
 
 from omegaconf import DictConfig
 
@@ -97,6 +99,7 @@ def check_compatibility(cfg: DictConfig, registry: Registry) -> None:
         )
     if cfg.eval.num_generations is not None and cfg.eval.num_generations < 1:
         raise ConfigError(f"eval.num_generations={cfg.eval.num_generations} must be at least 1 (or null: as training).")
+    check_eval(cfg.eval)
 
 
 def check_generation(generation: DictConfig) -> None:
@@ -147,3 +150,67 @@ def corrects_rollouts(cfg: DictConfig, registry: Registry) -> bool:
 
 def _corrections_of_level(registry: Registry, levels) -> list[str]:
     return [plugin.name for plugin in registry.plugins("rollout_correction") if plugin.traits["level"] in levels]
+
+
+# Metric names of their own under eval/: a set with one of these names would be read as them.
+RESERVED_EVAL_SET_NAMES = ("rewards", "completions")
+
+
+def check_eval(evaluation: DictConfig) -> None:
+    """pass@k's settings (docs/evaluation.md) and the named eval sets."""
+    samples = evaluation.num_samples
+    if samples is None:
+        for name in ("pass_at", "answer_pattern"):
+            if evaluation[name] is not None:
+                raise ConfigError(
+                    f"eval.{name} is an option of pass@k and maj@k, which eval.num_samples=N turns on: add it "
+                    f"(the completions sampled per eval prompt), or drop eval.{name}."
+                )
+    else:
+        if samples < 1:
+            raise ConfigError(f"eval.num_samples={samples} must be at least 1: it is the completions per eval prompt.")
+        if evaluation.num_generations is not None and evaluation.num_generations != samples:
+            raise ConfigError(
+                f"eval.num_samples={samples} sets the completions per eval prompt, and eval.num_generations="
+                f"{evaluation.num_generations} sets them too: drop eval.num_generations."
+            )
+        too_large = [k for k in evaluation.pass_at or () if not 1 <= k <= samples]
+        if too_large:
+            raise ConfigError(
+                f"eval.pass_at={list(evaluation.pass_at)}: pass@k and maj@k need 1 <= k <= eval.num_samples={samples} "
+                f"(k={too_large[0]} is not): k completions are drawn from the num_samples sampled per prompt. Raise "
+                "eval.num_samples or lower k."
+            )
+    if evaluation.temperature is not None and evaluation.temperature <= 0:
+        raise ConfigError(
+            f"eval.temperature={evaluation.temperature} must be positive: evaluation samples, as pass@k needs (a "
+            "small temperature, 0.1 say, comes close to greedy decoding); null samples as training does."
+        )
+    if evaluation.top_p is not None and not 0 < evaluation.top_p <= 1:
+        raise ConfigError(f"eval.top_p={evaluation.top_p} must lie in (0, 1]; null samples as training does.")
+    if evaluation.answer_pattern is not None:
+        try:
+            re.compile(evaluation.answer_pattern)
+        except re.error as error:
+            raise ConfigError(f"eval.answer_pattern={evaluation.answer_pattern!r} is no regular expression: {error}.")
+    for name, options in evaluation.sets.items():
+        check_eval_set(str(name), options)
+
+
+def check_eval_set(name: str, options) -> None:
+    from grpo_kit.config.compose import EvalSetConfig  # compose.py imports this module
+
+    fields = [field.name for field in dataclasses.fields(EvalSetConfig)]
+    if name in RESERVED_EVAL_SET_NAMES:
+        raise ConfigError(
+            f"eval.sets.{name}: {name!r} is a name of eval/ metrics of their own (eval/{name}/...): name the set "
+            "otherwise."
+        )
+    if not isinstance(options, DictConfig) or "path" not in options:
+        raise ConfigError(f"eval.sets.{name} names no file: give one with eval.sets.{name}.path=FILE.")
+    unknown = sorted(set(options) - set(fields))
+    if unknown:
+        raise ConfigError(
+            f"eval.sets.{name}.{unknown[0]} is not an option of an eval set, so nothing would read it. The options "
+            f"of eval.sets.{name}: {', '.join(fields)}; the others (eval.num_samples, ...) are the eval section's."
+        )

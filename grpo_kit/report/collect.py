@@ -2,7 +2,8 @@
 
 A run directory is what `python -m grpo_kit` writes (grpo_kit/training/loop.py and Hydra): `config.yaml` (the resolved
 config), `metrics.jsonl` (one JSON object per logged step), `.hydra/overrides.yaml` (the command line of this
-run), and `error.txt` when the run raised inside a sweep (grpo_kit/cli/main.py). This module only reads files: it
+run), `error.txt` when the run raised inside a sweep (grpo_kit/cli/main.py), and `eval.json` when `grpo-kit eval`
+evaluated its final model (grpo_kit/cli/evaluate.py). This module only reads files: it
 never loads a model or runs the trainer, so a report is quick to make of a sweep that is still going.
 """
 
@@ -31,6 +32,7 @@ class Run:
     config: dict  # config.yaml, else .hydra/config.yaml, else {}
     metrics: list[dict]  # metrics.jsonl, one dict per logged step
     error: str | None  # error.txt's text
+    evaluation: dict | None = None  # eval.json: what `grpo-kit eval RUN_DIR` measured of the final model
 
     @property
     def status(self) -> str:
@@ -185,7 +187,18 @@ def load_run(directory: Path, sweep_dir: Path) -> Run:
         or {},
         metrics=_read_metrics(directory / "metrics.jsonl"),
         error=(directory / "error.txt").read_text() if (directory / "error.txt").is_file() else None,
+        evaluation=_read_json(directory / "eval.json"),
     )
+
+
+def _read_json(path: Path) -> dict | None:
+    if not path.is_file():
+        return None
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as error:
+        log.warning("%s is not valid JSON, ignored: %s", path, error)
+        return None
 
 
 def _read_yaml(path: Path, default):

@@ -108,6 +108,8 @@ def render(
             f"| {_samples_link(run_of[row['run']])} |"
         )
 
+    lines += _evaluations([run for variant in variants for run in variant.runs], [row["run"] for row in run_rows])
+
     unfinished = [run for variant in variants for run in variant.runs if run.status != "ok"]
     if unfinished:
         lines += ["", "## Runs that did not finish", ""]
@@ -163,6 +165,37 @@ def _paired_section(paired: PairedComparison, figures: list[Path]) -> list[str]:
     for path in figures:
         lines += ["", f"![{metric_of[path.name]}: difference vs the baseline]({path.name})"]
     return lines
+
+
+def _evaluations(runs: list, order: list[str]) -> list[str]:
+    """The runs that `grpo-kit eval` evaluated (eval.json): one row each, one column per summary metric of each
+    eval set (eval/NAME/... for a named one); the per-reward metrics stay in eval.json."""
+    position = {name: index for index, name in enumerate(order)}
+    evaluated = sorted((run for run in runs if run.evaluation), key=lambda run: position[run.name])
+    if not evaluated:
+        return []
+    names = (name for run in evaluated for name in run.evaluation.get("metrics", {}))
+    columns = list(dict.fromkeys(name for name in names if _is_summary(name)))
+    lines = [
+        "",
+        "## Evaluations (grpo-kit eval)",
+        "",
+        "The final model of each run evaluated by `grpo-kit eval` (its eval.json, which holds every metric).",
+        "",
+        "| run | step | " + " | ".join(columns) + " |",
+        "|---|---|" + "---|" * len(columns),
+    ]
+    for run in evaluated:
+        metrics = run.evaluation.get("metrics", {})
+        cells = " | ".join(_number(metrics.get(name), ".3f") for name in columns)
+        lines.append(f"| {run.name} | {run.evaluation.get('step', '')} | {cells} |")
+    return lines
+
+
+def _is_summary(metric: str) -> bool:
+    """eval/reward, eval/pass@k, eval/maj@k, and the same of a named set (eval/NAME/...), not of one reward."""
+    last = metric.rpartition("/")[2]
+    return "/rewards/" not in metric and (last == "reward" or last.startswith(("pass@", "maj@")))
 
 
 def _optuna_result(sweep_dir: Path) -> list[str]:

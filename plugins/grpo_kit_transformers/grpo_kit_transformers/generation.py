@@ -131,12 +131,33 @@ class TransformersGeneration:
             return FullyShardedDataParallel.summon_full_params(self.model, recurse=False)
         return contextlib.nullcontext()  # DDP, ZeRO-1/2: whole weights on every process; FSDP2: see the docstring
 
+    @contextlib.contextmanager
+    def sampling(self, temperature, top_p):
+        """Evaluation's own temperature and top-p (None: the run's) for the `generate` calls inside: row-wise
+        warpers, which the lean loop applies as `generate` does."""
+        saved = self.generation_config, self.generation_config_with_scores
+        self.generation_config, self.generation_config_with_scores = (
+            with_sampling(config, temperature, top_p) for config in saved
+        )
+        try:
+            yield
+        finally:
+            self.generation_config, self.generation_config_with_scores = saved
+
     def update_weights(self, model, step):
         if self.merged is not None:  # otherwise generation reads the trained model directly
             refresh_merged_copy(self.accelerator.unwrap_model(model), self.merged)
 
     def close(self):
         pass
+
+
+def with_sampling(config: transformers.GenerationConfig, temperature: float | None, top_p: float | None):
+    """`config` with this temperature and top-p; None keeps its own."""
+    changed = copy.deepcopy(config)
+    changed.temperature = config.temperature if temperature is None else temperature
+    changed.top_p = config.top_p if top_p is None else top_p
+    return changed
 
 
 def inside_root_forward(root: torch.nn.Module, method, **kwargs):
