@@ -27,7 +27,7 @@ def per_sequence_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 def sequence_mean(per_token_loss: torch.Tensor, mask: torch.Tensor, reduction: Reduction) -> torch.Tensor:
     """Each sequence's mean over its own tokens, then the mean over sequences (the original GRPO)."""
     per_sequence = (per_token_loss * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)  # (B,)
-    return per_sequence.mean() / reduction.gradient_accumulation_steps
+    return reduction.mean_over_completions(per_sequence)
 
 
 def local_token_mean(per_token_loss: torch.Tensor, mask: torch.Tensor, reduction: Reduction) -> torch.Tensor:
@@ -37,6 +37,8 @@ def local_token_mean(per_token_loss: torch.Tensor, mask: torch.Tensor, reduction
 
 def constant_length_mean(per_token_loss: torch.Tensor, mask: torch.Tensor, reduction: Reduction) -> torch.Tensor:
     """Sum over active tokens divided by B x max_completion_length, a constant that carries no length bias."""
+    if reduction.rows_per_micro_batch is not None:
+        return reduction.mean_over_completions((per_token_loss * mask).sum(-1)) / reduction.max_completion_length
     total = (per_token_loss * mask).sum() / (per_token_loss.size(0) * reduction.max_completion_length)
     return total / reduction.gradient_accumulation_steps
 
@@ -51,4 +53,4 @@ def length_weighted_sequence_mean(
     per_token_loss: torch.Tensor, mask: torch.Tensor, reduction: Reduction
 ) -> torch.Tensor:
     """Each sequence's loss summed over its tokens (so weighted by its length), then the mean over sequences."""
-    return (per_token_loss * mask).sum(-1).mean() / reduction.gradient_accumulation_steps
+    return reduction.mean_over_completions((per_token_loss * mask).sum(-1))

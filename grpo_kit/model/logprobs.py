@@ -7,6 +7,8 @@ predict the completion tokens, their log-softmax. The speed-ups beside it (grpo_
 - `per_token_logps_and_entropies` and `last_hidden_states`: length groups (fast/length_groups.py);
 - `per_token_logps_and_entropies`: chunked logits, when the caller gives a chunk size (fast/chunked_logits.py);
 - `run_model`: the CPU's chunked causal attention (fast/causal_attention.py).
+With trainer.packing, `per_token_logps_and_entropies` and `last_hidden_states` run padding-free passes instead
+(packing.py), whose hidden states every logits path reads.
 """
 
 import contextlib
@@ -19,6 +21,7 @@ from grpo_kit.model.fast.length_groups import in_length_groups
 from grpo_kit.model.fast.mask_free import longest_move_for_logits, mask_free_inputs
 from grpo_kit.model.fast.switches import SpeedUps, speed_ups_of
 from grpo_kit.model.lora import AdapterFreeReference
+from grpo_kit.model.packing import CHECKED, PackedRows, check_packing, pack, unpacked
 
 
 def per_token_logps_and_entropies(
@@ -39,6 +42,11 @@ def per_token_logps_and_entropies(
         head = OutputHead(model)
         hidden = last_hidden_states(model, batch, head, router)
         return chunked_logps_and_entropies(hidden, head, batch["completion_ids"], temperature, entropy_grad, chunk_size)
+    packed = pack(batch) if speed_ups(model).packing else None
+    if packed is not None:
+        head = OutputHead(model)
+        hidden = packed_hidden_states(model, batch, packed, head, router)
+        return _logps_and_entropies_of_hidden(hidden, head, batch["completion_ids"], temperature, entropy_grad)
 
     def logits_pass(part):
         return _logps_and_entropies_of_logits(model, part, temperature, entropy_grad, router)
@@ -63,6 +71,15 @@ def _logps_and_entropies_of_logits(model, batch, temperature: float, entropy_gra
     per_token_logps = log_probs[rows, columns, completion_ids]  # (B, T)
     with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
         entropies = -(log_probs.exp() * log_probs).sum(dim=-1)[rows, columns]
+    return per_token_logps, entropies
+
+
+def _logps_and_entropies_of_hidden(hidden, head, completion_ids, temperature: float, entropy_grad: bool):
+    """The full logits path's values from (B, T, H) hidden states: the head's logits of every position at once."""
+    log_probs = (head(hidden).float() / temperature).log_softmax(dim=-1)  # (B, T, V)
+    per_token_logps = log_probs.gather(-1, completion_ids.unsqueeze(-1)).squeeze(-1)  # (B, T)
+    with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
+        entropies = -(log_probs.exp() * log_probs).sum(dim=-1)
     return per_token_logps, entropies
 
 
@@ -198,6 +215,10 @@ def last_hidden_states(
     With `router`, the passes' router logits are collected into it (`RouterLoads`).
     """
 
+    packed = pack(batch) if speed_ups(model).packing else None
+    if packed is not None:
+        return packed_hidden_states(model, batch, packed, head, router)
+
     def hidden_pass(part):
         return _last_hidden_states(model, part, head, router)
 
@@ -206,8 +227,47 @@ def last_hidden_states(
 
 def _last_hidden_states(model, batch: dict[str, torch.Tensor], head: OutputHead, router=None) -> torch.Tensor:
     inputs, shift = model_inputs(model, batch)
+    out = _hidden_pass(model, inputs, head, router)
     if router is not None:
-        inputs["output_router_logits"] = True
+        router.add(out.router_logits, _real_tokens(batch, shift))
+    hidden = out.hidden_states[-1]  # (B, P + T, H), after the final norm
+    length = batch["completion_ids"].shape[1]
+    rows, columns = completion_columns(shift, length)
+    return hidden[:, -(length + 1 + int(shift.max())) : -1][rows, columns]  # position t predicts completion token t
+
+
+def packed_hidden_states(model, batch, packed: PackedRows, head: OutputHead, router=None) -> torch.Tensor:  # (B, T, H)
+    """`last_hidden_states` from one pass over `batch` packed (packing.py); the first over a model checks that its
+    packed pass gives the padded pass's values."""
+    inner = unwrapped(model)
+    if not getattr(inner, CHECKED, False):
+        training = inner.training
+        inner.eval()  # no dropout in the comparison
+        try:
+            check_packing(
+                inner,
+                batch,
+                run_padded=lambda probe: _last_hidden_states(model, probe, head),
+                run_packed=lambda probe_packed: _packed_pass(model, probe_packed, head),
+            )
+        finally:
+            inner.train(training)
+    return _packed_pass(model, packed, head, router)
+
+
+def _packed_pass(model, packed: PackedRows, head: OutputHead, router=None) -> torch.Tensor:  # (B, T, H)
+    # Without a cache: transformers looks for packed sequences only in a pass that has none.
+    out = _hidden_pass(model, packed.inputs | {"use_cache": False}, head, router)
+    if router is not None:
+        router.add(out.router_logits, packed.real)
+    return unpacked(out.hidden_states[-1], packed)
+
+
+def _hidden_pass(model, inputs: dict[str, torch.Tensor], head: OutputHead, router=None):
+    """The model's pass over `inputs` with its hidden states and the last position's logits, which must be what
+    `head` gives from its last hidden states."""
+    if router is not None:
+        inputs = inputs | {"output_router_logits": True}
     hook = head.module.register_forward_pre_hook(head.record_autocast)
     try:
         out = run_model(model, inputs, output_hidden_states=True, logits_to_keep=1)
@@ -215,9 +275,7 @@ def _last_hidden_states(model, batch: dict[str, torch.Tensor], head: OutputHead,
         hook.remove()
     if getattr(out, "hidden_states", None) is None:
         raise ValueError(f"{type(model).__name__} returns no hidden states: use model.logits=full.")
-    if router is not None:
-        router.add(out.router_logits, _real_tokens(batch, shift))
-    hidden = out.hidden_states[-1]  # (B, P + T, H), after the final norm
+    hidden = out.hidden_states[-1]
     with torch.no_grad():
         expected, ours = out.logits[:, -1].float(), head(hidden[:, -1]).float()
         difference = (expected - ours).abs().max().item()
@@ -225,8 +283,6 @@ def _last_hidden_states(model, batch: dict[str, torch.Tensor], head: OutputHead,
             raise ValueError(
                 f"{type(head.module).__name__} applied to the last hidden states does not give this model's logits "
                 f"(they differ by up to {difference:.3g}): the model post-processes its logits in a way the chunked "
-                "and Liger paths do not know. Use model.logits=full for this model."
+                "and Liger paths do not know. Use model.logits=full (and trainer.packing=false) for this model."
             )
-    length = batch["completion_ids"].shape[1]
-    rows, columns = completion_columns(shift, length)
-    return hidden[:, -(length + 1 + int(shift.max())) : -1][rows, columns]  # position t predicts completion token t
+    return out

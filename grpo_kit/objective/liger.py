@@ -144,7 +144,9 @@ class FusedGRPOLoss:
                 vllm_is_ratio=ratio,
                 num_items_in_batch=liger_num_items_in_batch(reduction),
             )
-        if self.spec.per_micro_batch:
+        if self.spec.per_micro_batch and reduction.rows_per_micro_batch is not None:  # Liger's mean is over B rows
+            loss = loss * len(mask) / (reduction.rows_per_micro_batch * reduction.gradient_accumulation_steps)
+        elif self.spec.per_micro_batch:
             loss = loss / reduction.gradient_accumulation_steps
         return loss
 

@@ -11,6 +11,7 @@ from accelerate import Accelerator
 from grpo_kit.contract.kinds import Reduction
 from grpo_kit.objective.objective import ObjectiveOutput
 from grpo_kit.objective.policy_loss import PolicyLoss
+from grpo_kit.training.token_budget import TokenBudget, joined
 
 
 @dataclass
@@ -26,6 +27,7 @@ class Optimization:
     max_grad_norm: float
     entropy_totals: torch.Tensor | None = None  # (2,) the entropy sum and count of the step so far
     learning_rate: float = math.nan  # the rate the last optimizer step used, which is logged (as TRL logs it)
+    budget: TokenBudget = TokenBudget(None, False)  # a micro-step's micro-batches (trainer.max_tokens_per_micro_batch)
 
     def train_on(
         self, micro_batch: dict[str, torch.Tensor], reduction: Reduction, finite: bool, ends_step: bool
@@ -33,14 +35,22 @@ class Optimization:
         """The micro-batch's loss and metrics; whether every loss of the step so far was finite on every process
         (else the step is skipped); the gradient norm when this micro-batch ended the step."""
         accelerator, grad_norm = self.accelerator, None
-        # Processes exchange gradients once, after the last micro-batch of a step.
-        with contextlib.nullcontext() if ends_step else accelerator.no_sync(self.model):
-            out = self.policy_loss(self.model, micro_batch, reduction)
-            # Decided by every process together: one that skipped its backward alone would desync DDP.
-            finite = finite and bool(accelerator.gather(torch.isfinite(out.loss.detach()).reshape(1)).all())
-            if finite:
-                accelerator.sync_gradients = ends_step  # DeepSpeed's backward steps its optimizer when True
-                accelerator.backward(out.loss)
+        parts = self.budget.parts(micro_batch)
+        outputs = []
+        for index, part in enumerate(parts):
+            last = index == len(parts) - 1
+            # Processes exchange gradients once, after the last micro-batch of a step.
+            with contextlib.nullcontext() if ends_step and last else accelerator.no_sync(self.model):
+                out = self.policy_loss(self.model, part, reduction)
+                finite = finite and bool(torch.isfinite(out.loss.detach()))
+                if last:
+                    # Decided by every process together: one that skipped its backward alone would desync DDP.
+                    finite = bool(accelerator.gather(torch.tensor([finite], device=accelerator.device)).all())
+                if finite:
+                    accelerator.sync_gradients = ends_step and last  # DeepSpeed's backward steps its optimizer then
+                    accelerator.backward(out.loss)
+            outputs.append(out)
+        out = outputs[0] if len(outputs) == 1 else together(outputs, micro_batch["completion_ids"].shape[1])
         if out.entropy_totals is not None:
             self.entropy_totals = out.entropy_totals + (0 if self.entropy_totals is None else self.entropy_totals)
         if ends_step:
@@ -67,3 +77,15 @@ class Optimization:
         self.entropy_totals = None
         if control.enabled:
             out.metrics["entropy_coef"] = torch.tensor(control.coef, device=self.accelerator.device)
+
+
+def together(outputs: list[ObjectiveOutput], width: int) -> ObjectiveOutput:
+    """A micro-step's outputs as one: its micro-batches' losses added up (a step's micro-step losses add up to its
+    loss), their metrics averaged, their log-probs in the micro-step's (B, width) layout."""
+    totals = [out.entropy_totals for out in outputs if out.entropy_totals is not None]
+    return ObjectiveOutput(
+        torch.stack([out.loss.detach() for out in outputs]).sum(),
+        {name: torch.stack([out.metrics[name] for out in outputs]).nanmean() for name in outputs[0].metrics},
+        joined([out.per_token_logps for out in outputs], width),
+        torch.stack(totals).sum(dim=0) if totals else None,
+    )

@@ -13,11 +13,13 @@ ATTRIBUTE = "_grpo_kit_speed_ups"
 @dataclass(frozen=True)
 class SpeedUps:
     """Each true: the speed-up where it applies (fast/*.py says where); false: the plain path. The config's
-    model.mask_free_passes, model.length_groups and model.cpu_chunked_attention."""
+    model.mask_free_passes, model.length_groups and model.cpu_chunked_attention; and trainer.packing, off unless
+    asked for (grpo_kit/model/packing.py)."""
 
     mask_free_passes: bool = True
     length_groups: bool = True
     cpu_chunked_attention: bool = True
+    packing: bool = False
 
 
 def use_speed_ups(model, speed_ups: SpeedUps) -> None:
