@@ -55,6 +55,10 @@ SKIPPED = {
     "generation.base_url=http://NODE_B:8000": ELIDED,
     "python -m grpo_kit +reward=python reward.python.function=trl.rewards:think_format_reward": CHAT_ONLY,
     "python -m grpo_kit +reward=reward_model reward.reward_model.path=Skywork/Skywork-Reward-V2-Qwen3-0.6B": HUB,
+    "python -m grpo_kit +reward=judge reward.judge.base_url=http://localhost:8001 "
+    "reward.judge.model=Qwen/Qwen3-8B": VLLM,
+    "python -m grpo_kit +reward=code_execution model.name_or_path=... data.path=...": ELIDED,
+    "python -m grpo_kit +environment=... +reward=environment": ELIDED,
     "accelerate launch --config_file conf/accelerate/ddp.yaml --num_processes 8 -m grpo_kit +loss=dapo "
     "+reward=accuracy model.name_or_path=Qwen/Qwen2.5-0.5B-Instruct data.path=prompts.jsonl": PROCESSES,
     "accelerate launch --config_file conf/accelerate/deepspeed_zero2.yaml --num_processes 8 -m grpo_kit +loss=dapo "
@@ -80,6 +84,7 @@ SKIPPED = {
     "python -m grpo_kit -m hydra/sweeper=optuna_lr_clip hydra/launcher=local_parallel hydra.sweeper.n_jobs=2 "
     "+loss=dapo +reward=accuracy": PROCESSES,
     "python -m grpo_kit model.name_or_path=M data.path=train.jsonl eval.path=test.jsonl +reward=accuracy": YOUR_FILES,
+    "python -m grpo_kit +reward=accuracy eval.sets.hard.path=hard.jsonl eval.sets.easy.path=easy.jsonl": YOUR_FILES,
     "python -m grpo_kit model.name_or_path=M data.path=org/dataset eval.split=test +reward=accuracy": HUB,
     "python -m grpo_kit model.name_or_path=Qwen/Qwen2.5-0.5B-Instruct data.path=prompts.jsonl +reward=accuracy "
     "model.logits=chunked": HUB,
@@ -232,6 +237,12 @@ def sweep_directory(tmp_path_factory):
     return directory
 
 
+def finished_run_for(path: str, sweep_directory: Path) -> Path:
+    """A run of the sweep for the docs' made-up `outputs/DATE/TIME`, or its last checkpoint for one of theirs."""
+    run = sweep_directory / "0"
+    return sorted((run / "checkpoints").glob("step-*"))[-1] if "/checkpoints/" in path else run
+
+
 def run_training_app(arguments: list[str], monkeypatch) -> None:
     """`python -m grpo_kit ARGUMENTS`, as grpo_kit/__main__.py runs it."""
     monkeypatch.setattr(sys, "argv", ["grpo_kit", *arguments])
@@ -270,6 +281,8 @@ def test_the_command_works(command, workspace, monkeypatch, request):
         arguments = words[1:]
         if arguments[0] == "report":
             arguments[1] = str(request.getfixturevalue("sweep_directory"))
+        if arguments[0] == "eval":
+            arguments[1] = str(finished_run_for(arguments[1], request.getfixturevalue("sweep_directory")))
         assert commands.main(arguments) == 0
         return
     arguments = [*words[3:], *SHORT_RUN, f"hydra.run.dir={workspace / 'run'}", f"hydra.sweep.dir={workspace / 'sweep'}"]

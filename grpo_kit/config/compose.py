@@ -20,7 +20,7 @@ from typing import Any
 import hydra
 from hydra.core.config_store import ConfigStore
 from hydra.core.override_parser.overrides_parser import OverridesParser
-from hydra.core.override_parser.types import Override
+from hydra.core.override_parser.types import Override, OverrideType
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from grpo_kit.config.compatibility import check_compatibility
@@ -123,6 +123,9 @@ class AlgorithmConfig:
     off_policy_mask_threshold: float | None = None  # DeepSeek-V3.2's delta: drop stale negative sequences
     num_iterations: int = 1  # optimisation passes over each generation batch (mu in the GRPO paper)
     steps_per_generation: int | None = None  # micro-batches per generation batch; None: gradient_accumulation_steps
+    # Asynchronous generation (docs/async.md): a worker generates the next batches while this one trains, never
+    # more than this many optimizer steps behind the weights that train on them. 0: synchronous, as TRL.
+    max_staleness: int = 0
     mask_truncated_completions: bool = False  # DAPO: a cut-off answer neither rewarded nor punished
     sync_ref_model: bool = False  # TR-DPO (arXiv 2404.09656): move the reference model toward the policy
     ref_model_mixup_alpha: float = 0.6  # ref <- alpha * policy + (1 - alpha) * ref
@@ -157,6 +160,11 @@ class TrainerConfig:
     # Micro-batches of completions of similar lengths, each padded only to its own longest: less compute for the
     # same gradient (grpo_kit/training/batches.py). None: wherever the loss and settings leave the gradient unchanged.
     group_by_length: bool | None = None
+    # Micro-batches cut by a token budget instead of per_device_train_batch_size completions: each at most this many
+    # padded tokens (or, with packing, tokens), shortest completions first; the same gradient. None: fixed row counts.
+    max_tokens_per_micro_batch: int | None = None
+    # Padding-free passes: several sequences per row, each attending only to itself (grpo_kit/model/packing.py).
+    packing: bool = False
     # no, bf16 (CPU too) or fp16 (GPU): accelerate's autocast around the forward passes; auto: bf16 on a GPU that
     # has it, else no (the log says which).
     mixed_precision: str = "no"
@@ -204,6 +212,28 @@ class EvalConfig:
     num_examples: int = 128  # prompts evaluated: the first ones of the eval set
     num_generations: int | None = None  # completions per eval prompt (TRL's num_generations_eval); None: as training
     batch_size: int = 32  # prompts per generate call
+    # pass@k and maj@k (docs/evaluation.md): num_samples completions per eval prompt, sampled with temperature and
+    # top_p (None: the run's generation settings), each counted correct where its reward is >= correct_threshold.
+    num_samples: int | None = None  # None: no pass@k / maj@k
+    pass_at: list[int] | None = None  # the k of pass@k and maj@k, each <= num_samples; None: [1, num_samples]
+    temperature: float | None = None
+    top_p: float | None = None
+    correct_threshold: float = 1.0
+    # The answer a completion votes for in maj@k: the last match of this regular expression (its first group, if it
+    # has one); None: the whole completion, stripped. A completion without one does not vote.
+    answer_pattern: str | None = None
+    # More eval sets by name, each logged under eval/NAME/: eval.sets.NAME.path=FILE (and .split, .num_examples).
+    # `Any`: its keys are the sets' free names.
+    sets: Any = field(default_factory=dict)
+
+
+@dataclass
+class EvalSetConfig:
+    """One named eval set (`eval.sets.NAME`); every other eval setting is the `eval` section's."""
+
+    path: str  # a json/jsonl/parquet/csv file or a hub dataset
+    split: str | None = None  # the hub dataset's split ("train" when not given)
+    num_examples: int | None = None  # None: eval.num_examples
 
 
 @dataclass
@@ -311,7 +341,9 @@ def with_presets(overrides: list[str]) -> list[str]:
     rewritten, added = [], []
     for text, override in zip(overrides, parsed):
         is_added_choice = override.is_add() and override.key_or_group in SINGLE_CHOICE_KINDS and not override.package
-        rewritten.append(text.removeprefix("+") if is_added_choice else text)
+        # An eval set's keys are new ones, which Hydra takes only as ++; users write eval.sets.NAME.path=FILE.
+        names_an_eval_set = override.key_or_group.startswith("eval.sets.") and override.type == OverrideType.CHANGE
+        rewritten.append(text.removeprefix("+") if is_added_choice else f"++{text}" if names_an_eval_set else text)
         group, preset = PRESET_FOR_PATH.get(override.key_or_group, (None, None))
         if group and group not in groups and override.value() is not None:
             log.info("%s is given: using the %s=%s preset", override.key_or_group, group, preset)

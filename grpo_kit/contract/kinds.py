@@ -14,6 +14,8 @@ core reads their fields, so a generation or reward plugin's config extends them.
 # `grpo_kit.compose` import this file without importing torch.
 from __future__ import annotations
 
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from inspect import isfunction
 from types import MethodType
@@ -47,12 +49,23 @@ class Reduction:
     steps_per_generation: int
     num_processes: int
     max_completion_length: int
+    # Set where micro-batches hold different numbers of completions (trainer.max_tokens_per_micro_batch): the
+    # completions of the fixed micro-batch each stands in for, which a mean over completions divides by instead of
+    # its own count, so that every completion weighs the same however the step is cut (`mean_over_completions`).
+    rows_per_micro_batch: float | None = None
 
     @classmethod
     def whole_batch(cls, mask: torch.Tensor, max_completion_length: int) -> Reduction:
         """The divisors of a micro-batch that is its whole generation batch: one process, no accumulation; `mask`
         (B, T) marks the tokens the loss trains on."""
         return cls(float(mask.sum()), 1, 1, 1, max_completion_length)
+
+    def mean_over_completions(self, values: torch.Tensor) -> torch.Tensor:  # (B,) -> scalar
+        """The micro-batch's mean of one value per completion, divided by the accumulation steps: what a loss that
+        averages sequences reduces with."""
+        if self.rows_per_micro_batch is None:
+            return values.mean() / self.gradient_accumulation_steps
+        return values.sum() / (self.rows_per_micro_batch * self.gradient_accumulation_steps)
 
     @property
     def tokens_per_step(self) -> float:
@@ -215,9 +228,21 @@ class Generation(Protocol):
         With `with_logprobs`, also the sampler's log-prob of each completion token (for rollout corrections).
         """
 
+    # Asynchronous generation (algorithm.max_staleness >= 1, docs/async.md) needs a method
+    # `generate_in_background(prompt_ids, with_logprobs=False) -> Completions`: `generate` for this process's prompts
+    # alone, with no collective call (every process asks for its own), so that it may run in a thread while the
+    # training thread trains. The trainer never runs it and `update_weights` at once. None: not supported (refused).
+    generate_in_background: ClassVar[Callable | None] = None
+
     def update_weights(self, model: torch.nn.Module, step: int) -> None:
         """Called after every optimizer step, and once after a resume, with the optimizer steps done so far: a
         backend outside this process loads the new weights here (`step` is their version)."""
+
+    def sampling(self, temperature: float | None, top_p: float | None) -> AbstractContextManager | None:
+        """A context in which `generate` samples with this temperature and top-p (None: the run's) instead of the
+        run's: evaluation's own settings (eval.temperature, eval.top_p). None: the backend samples with the run's
+        settings only, and a run that asks for other ones is refused."""
+        return None
 
     def close(self) -> None:
         """Called once when the run ends, whether it finished, stopped or failed: stop what `start` started."""

@@ -17,6 +17,7 @@ from grpo_kit.contract.eos import is_truncated
 from grpo_kit.contract.errors import PluginError
 from grpo_kit.contract.kinds import Completions, CustomRollout, Generation, RolloutResult
 from grpo_kit.contract.pipeline import Run, ScoredBatch
+from grpo_kit.rollout.ahead import Generated, GenerationAhead
 from grpo_kit.rollout.prompts import PromptSampler, is_conversational, prompt_text
 from grpo_kit.rollout.replay import RolloutRecorder, RolloutReplay
 from grpo_kit.rollout.scoring import Scorer
@@ -31,6 +32,7 @@ class Rollouts:
     advantages: torch.Tensor  # (N,)
     tensors: dict[str, torch.Tensor]  # what the objective reads: prompt and completion ids and masks, advantages
     metrics: dict[str, float]  # of the whole batch, every process's
+    weight_version: int  # the optimizer steps of the weights that sampled it
 
 
 @dataclass
@@ -53,13 +55,20 @@ class Rollout:
     recorder: RolloutRecorder | None = None  # saves every scored batch
     tool_use: ToolUse | None = None  # multi-turn generation with tools (+environment=NAME, tools=[...])
     custom: CustomRollout | None = None  # a rollout plugin's generation instead (+rollout=NAME)
+    ahead: GenerationAhead | None = None  # asynchronous generation: batches generated while the trainer trains
 
-    def __call__(self, run: Run, num_prompts: int) -> "Rollouts":
-        """This process's next `num_prompts` prompts, generated, scored and given their advantages."""
+    def __call__(self, run: Run, num_prompts: int, version: int) -> "Rollouts":
+        """This process's next `num_prompts` prompts, generated, scored and given their advantages; `version`: the
+        optimizer steps of the weights now."""
+        sampled_with = version
         if self.replay is not None:
             scored = self.replay.next()
+        elif self.ahead is not None:  # generated in the background, with the weights of `sampled_with` steps
+            generated = self.ahead.take(version)
+            sampled_with = generated.weight_version
+            scored = self._filtered(run, self._score_generated(generated, self.num_generations))
         else:
-            scored = self._scored_and_filtered(run, num_prompts)
+            scored = self._filtered(run, self._draw(num_prompts))
         every_reward = self._gather(scored.rewards_per_func)  # (N x processes, K), in process order
         first = self.accelerator.process_index * len(scored.rows)
         advantages = self.advantage(every_reward, self.reward_weights, self.num_generations)  # (N x processes,)
@@ -69,10 +78,12 @@ class Rollout:
         )
         if self.recorder is not None:
             self.recorder.save(scored, advantages)
-        return Rollouts(scored, advantages, self._tensors(scored, advantages), self._metrics(scored, every_reward))
+        metrics = self._metrics(scored, every_reward) | (self.ahead.last_taken if self.ahead is not None else {})
+        return Rollouts(scored, advantages, self._tensors(scored, advantages), metrics, sampled_with)
 
-    def _scored_and_filtered(self, run: Run, num_prompts: int) -> ScoredBatch:
-        scored = self._draw(num_prompts)
+    def _filtered(self, run: Run, scored: ScoredBatch) -> ScoredBatch:
+        """What the hooks keep of a scored batch (DAPO's dynamic sampling draws more here, generating in this
+        thread)."""
         return chain(self.hooks.on_rollout_scored, "scored", _same_groups, run=run, scored=scored, draw=self._draw)
 
     def _draw(self, num_prompts: int) -> ScoredBatch:
@@ -81,16 +92,23 @@ class Rollout:
     def score(self, rows: list[dict], num_generations: int | None = None) -> ScoredBatch:
         """Generate `num_generations` (by default the run's) completions for each row's prompt and score them."""
         num_generations = num_generations or self.num_generations
-        rows = [row for row in rows for _ in range(num_generations)]  # each group's members are adjacent
-        prompts = [row["prompt"] for row in rows]
-        prompt_ids, completions, generated, extra_columns = self._generate(rows)
+        return self._score_generated(self.generate_rows(rows, num_generations), num_generations)
+
+    def generate_rows(self, rows: list[dict], num_generations: int | None = None, generate=None) -> Generated:
+        """`num_generations` completions for each row's prompt, each group's members adjacent; `generate`: the
+        backend's call to use (asynchronous generation's worker passes `generate_in_background`)."""
+        rows = [row for row in rows for _ in range(num_generations or self.num_generations)]
+        return Generated(rows, *self._generate(rows, generate or self.generation.generate))
+
+    def _score_generated(self, batch: Generated, num_generations: int) -> ScoredBatch:
+        rows, generated, completions = batch.rows, batch.generated, batch.completions
         lengths = generated.completion_mask.sum(dim=1).tolist()  # the mask is a prefix of each row
         completion_ids = [ids[:length] for ids, length in zip(generated.completion_ids.tolist(), lengths)]
-        columns = {key: [row[key] for row in rows] for key in rows[0] if key != "prompt"} | extra_columns
-        scores = self.scorer.score(prompts, completions, completion_ids, columns)
+        columns = {key: [row[key] for row in rows] for key in rows[0] if key != "prompt"} | batch.extra_columns
+        scores = self.scorer.score([row["prompt"] for row in rows], completions, completion_ids, columns)
         return ScoredBatch(
             rows=rows,
-            prompt_ids=prompt_ids,
+            prompt_ids=batch.prompt_ids,
             completions=completions,
             completion_ids=completion_ids,
             generated=generated,
@@ -101,7 +119,7 @@ class Rollout:
             extra_columns=scores.extra_columns,
         )
 
-    def _generate(self, rows: list[dict]) -> tuple[list[list[int]], list, Completions, dict[str, list]]:
+    def _generate(self, rows: list[dict], generate) -> tuple[list[list[int]], list, Completions, dict[str, list]]:
         """Prompt ids, the completions as the rewards read them, their tensors, and extra reward columns."""
         if self.custom is not None:
             result = self.custom(rows, self.tokenizer, self.generation)
@@ -110,10 +128,12 @@ class Rollout:
             return result.prompt_ids, completions, generated, result.columns
         if self.tool_use is not None:
             turns = self.tool_use(rows, self.with_logprobs)
-            return turns.prompt_ids, turns.completions, turns.generated, {}
+            # As TRL does, every reward may read the completions' environments, as their episodes left them.
+            columns = {"environments": self.tool_use.environments[: len(rows)]} if self.tool_use.environment else {}
+            return turns.prompt_ids, turns.completions, turns.generated, columns
         prompt_texts = [prompt_text(self.tokenizer, row["prompt"]) for row in rows]
         prompt_ids = self.tokenizer(prompt_texts, add_special_tokens=False).input_ids  # one call for the batch
-        generated = self.generation.generate(prompt_ids, with_logprobs=self.with_logprobs)
+        generated = generate(prompt_ids, with_logprobs=self.with_logprobs)
         return prompt_ids, self._decoded(rows, generated), generated, {}
 
     def _decoded(self, rows: list[dict], generated: Completions) -> list:

@@ -14,7 +14,9 @@ As TRL does, the batch is shuffled and cut into micro-batches of equal size. Two
 step's gradient what it was: each micro-batch is cut to its own longest completion, not the batch's (the columns it
 drops are padding, which no loss, mask or metric reads; prompts keep the batch's padding, which sets their tokens'
 positions); and with `trainer.group_by_length`, the completions of one optimizer step are sorted by length before
-the cut, so that each micro-batch pads little (docs/training.md, "Speed-ups").
+the cut, so that each micro-batch pads little (docs/training.md, "Speed-ups"). With trainer.max_tokens_per_micro_batch,
+a step's completions are cut by a token budget instead (token_budget.py), and each micro-step may hold several
+micro-batches.
 """
 
 import math
@@ -29,6 +31,7 @@ from grpo_kit.contract.pipeline import Run, ScoredBatch
 from grpo_kit.objective.objective import loss_mask
 from grpo_kit.objective.policy_loss import PolicyLoss
 from grpo_kit.rollout.rollout import Rollout
+from grpo_kit.training.token_budget import TokenBudget, in_parts
 
 COMPLETION_COLUMNS = ("completion_ids", "completion_mask", "sampling_per_token_logps", "tool_mask")  # (N, T) each
 
@@ -114,6 +117,7 @@ class GenerationBatches:
     max_completion_length: int
     by_length: bool = False  # trainer.group_by_length, as `group_by_length` resolved it
     corrects_rollouts: bool = False  # a rollout correction is selected and applies to this sampler (compatibility.py)
+    budget: TokenBudget = TokenBudget(None, False)  # trainer.max_tokens_per_micro_batch and trainer.packing
 
     @property
     def micro_steps_per_batch(self) -> int:
@@ -129,8 +133,9 @@ class GenerationBatches:
 
     @torch.no_grad()
     def make(self, run: Run, policy, num_prompts: int, micro_step: int, weight_version: int) -> GenerationBatch:
-        """This process's next `num_prompts` prompts as a generation batch, to be trained on from `micro_step`."""
-        rollouts = self.rollout(run, num_prompts)
+        """This process's next `num_prompts` prompts as a generation batch, to be trained on from `micro_step` by
+        weights of `weight_version` optimizer steps."""
+        rollouts = self.rollout(run, num_prompts, weight_version)
         batch = {name: tensor.to(self.accelerator.device) for name, tensor in rollouts.tensors.items()}
         reduction = Reduction(  # token normalisers (dapo, cispo) count the whole batch, every process's
             num_items_in_batch=float(self.accelerator.gather(loss_mask(batch).sum()).sum()),
@@ -138,8 +143,9 @@ class GenerationBatches:
             steps_per_generation=self.steps_per_generation,
             num_processes=self.accelerator.num_processes,
             max_completion_length=self.max_completion_length,
+            rows_per_micro_batch=self.rows_per_micro_batch(batch),
         )
-        micro_batches = split(batch, self.steps_per_generation, self.accumulation, self.by_length)
+        micro_batches = split(batch, self.steps_per_generation, self.accumulation, self.by_length, self.budget)
         old_from_first_pass = set()
         moved = moves_before_use(micro_step, self.steps_per_generation, self.accumulation)
         for position, (micro_batch, policy_moved) in enumerate(zip(micro_batches, moved)):
@@ -152,12 +158,19 @@ class GenerationBatches:
             micro_batches,
             reduction,
             metrics,
-            weight_version,
+            rollouts.weight_version,
             tokens_seen(rollouts.scored, self.accelerator),
             old_from_first_pass,
             rollouts.scored,
             rollouts.advantages,
         )
+
+    def rows_per_micro_batch(self, batch: dict[str, torch.Tensor]) -> float | None:
+        """The completions of a fixed micro-batch, which sequence means divide by when a token budget makes the
+        micro-batches' sizes differ; None without one."""
+        if self.budget.max_tokens is None:
+            return None
+        return len(batch["completion_mask"]) / self.steps_per_generation
 
     @torch.no_grad()
     def add_references(self, policy, micro_batch: dict[str, torch.Tensor], moved: bool = True) -> bool:
@@ -166,20 +179,53 @@ class GenerationBatches:
         sampling = micro_batch.get("sampling_per_token_logps")
         corrected = sampling is not None and self.corrects_rollouts
         if (self.off_policy and moved) or corrected:
-            micro_batch["old_per_token_logps"], _ = self.policy_loss.logps(policy, micro_batch)
+            micro_batch["old_per_token_logps"], _ = in_parts(
+                lambda part: self.policy_loss.logps(policy, part), micro_batch, self.budget
+            )
         if corrected:
             micro_batch["importance_sampling_ratio"] = self.policy_loss.objective.rollout_correction(
                 micro_batch["old_per_token_logps"], sampling, loss_mask(micro_batch)
             )
         if self.reference is not None:
             with self.accelerator.autocast():
-                micro_batch["ref_per_token_logps"], _ = self.policy_loss.logps(self.reference, micro_batch)
+                micro_batch["ref_per_token_logps"], _ = in_parts(
+                    lambda part: self.policy_loss.logps(self.reference, part), micro_batch, self.budget
+                )
         return "old_per_token_logps" in micro_batch
 
 
 def group_by_length(cfg, loss, steps_per_generation: int) -> bool:
     """Whether this run groups completions by length: `trainer.group_by_length`, or where it cannot change the
     gradient when that is null; a request it would change the gradient of is refused."""
+    reasons = grouping_changes_gradient(cfg, loss, steps_per_generation)
+    requested = cfg.trainer.group_by_length
+    if requested and reasons:
+        raise ConfigError(
+            "trainer.group_by_length=true would change the gradient of this run's steps, because "
+            + "; ".join(reasons)
+            + ". Leave it null (grouping where it changes nothing) or false."
+        )
+    return not reasons if requested is None else requested
+
+
+def token_budget(cfg, loss, steps_per_generation: int) -> TokenBudget:
+    """trainer.max_tokens_per_micro_batch and trainer.packing; a budget that would change the gradient is refused."""
+    t = cfg.trainer
+    max_tokens = t.max_tokens_per_micro_batch
+    if max_tokens is not None:
+        if max_tokens < 1:
+            raise ConfigError(f"trainer.max_tokens_per_micro_batch={max_tokens} must be at least 1 (or null).")
+        reasons = grouping_changes_gradient(cfg, loss, steps_per_generation)
+        if reasons:
+            raise ConfigError(
+                f"trainer.max_tokens_per_micro_batch={max_tokens} would change the gradient of this run's steps, "
+                "because " + "; ".join(reasons) + ". Leave it null (micro-batches of per_device_train_batch_size)."
+            )
+    return TokenBudget(max_tokens, bool(t.packing))
+
+
+def grouping_changes_gradient(cfg, loss, steps_per_generation: int) -> list[str]:
+    """Why regrouping a step's completions into other micro-batches would change its gradient (none: it would not)."""
     algo, accumulation = cfg.algorithm, cfg.trainer.gradient_accumulation_steps
     reasons = []
     if not declared(loss, "loss", "accumulation_invariant"):
@@ -196,26 +242,30 @@ def group_by_length(cfg, loss, steps_per_generation: int) -> bool:
             f"a generation batch of {steps_per_generation} micro-batches is not a whole number of steps "
             f"of {accumulation}"
         )
-    requested = cfg.trainer.group_by_length
-    if requested and reasons:
-        raise ConfigError(
-            "trainer.group_by_length=true would change the gradient of this run's steps, because "
-            + "; ".join(reasons)
-            + ". Leave it null (grouping where it changes nothing) or false."
-        )
-    return not reasons if requested is None else requested
+    return reasons
 
 
-def split(batch: dict[str, torch.Tensor], steps_per_generation: int, accumulation: int, by_length: bool) -> list[dict]:
+def split(
+    batch: dict[str, torch.Tensor],
+    steps_per_generation: int,
+    accumulation: int,
+    by_length: bool,
+    budget: TokenBudget | None = None,
+) -> list[dict]:
     """`batch` (every tensor N rows, or 0-dim) as `steps_per_generation` micro-batches, shuffled; with `by_length`,
-    each optimizer step's share is sorted by completion length first."""
+    each optimizer step's share is sorted by completion length first; with a token budget, each step's share is
+    spread over its micro-steps by the budget (TokenBudget.spread)."""
     lengths = batch["completion_mask"].sum(dim=1)  # (N,)
     order = torch.randperm(len(lengths), device=lengths.device)  # (N,)
-    if by_length:
-        steps = steps_per_generation // accumulation
-        order = torch.cat([share[lengths[share].argsort(stable=True)] for share in order.chunk(steps)])
+    steps = steps_per_generation // accumulation
+    if budget is not None and budget.max_tokens is not None:
+        micro_steps = [rows for share in order.chunk(steps) for rows in budget.spread(batch, share, accumulation)]
+    else:
+        if by_length:
+            order = torch.cat([share[lengths[share].argsort(stable=True)] for share in order.chunk(steps)])
+        micro_steps = order.chunk(steps_per_generation)
     micro_batches = []
-    for rows in order.chunk(steps_per_generation):
+    for rows in micro_steps:
         micro_batch = {name: tensor if tensor.dim() == 0 else tensor[rows] for name, tensor in batch.items()}
         width = max(int(lengths[rows].max()), 1)  # the longest completion that is trained on
         for name in COMPLETION_COLUMNS:

@@ -20,6 +20,8 @@ from grpo_kit.contract.eos import eos_token_ids
 from grpo_kit.contract.errors import ConfigError
 from grpo_kit.contract.pipeline import Run
 from grpo_kit.model.loading import load_model
+from grpo_kit.model.logprobs import unwrapped
+from grpo_kit.model.packing import use_packing
 from grpo_kit.model.precision import resolve_mixed_precision
 from grpo_kit.model.sharding import (
     build_reference,
@@ -38,12 +40,13 @@ from grpo_kit.outputs.samples import SampleLog
 from grpo_kit.outputs.trackers import TrackerLogger, accelerate_trackers, check_trackers
 from grpo_kit.plugins.registry import Registry
 from grpo_kit.rollout.checks import check_model_path, check_prompt_lengths, check_reward_columns
-from grpo_kit.rollout.evaluation import Evaluator, load_eval_prompts
+from grpo_kit.rollout.evaluation import Evaluator, load_eval_sets
 from grpo_kit.rollout.prompts import PromptSampler, load_prompts, use_chat_template_kwargs
 from grpo_kit.rollout.replay import RolloutRecorder, RolloutReplay
 from grpo_kit.rollout.rollout import Rollout
 from grpo_kit.rollout.scoring import Scorer, at_step, reward_trainer_state
-from grpo_kit.training.batches import GenerationBatches, group_by_length
+from grpo_kit.training.asynchronous import check_asynchronous, generate_ahead
+from grpo_kit.training.batches import GenerationBatches, group_by_length, token_budget
 from grpo_kit.training.builders import build_advantage, build_custom_rollout, build_hooks, build_rewards, build_tool_use
 from grpo_kit.training.lifecycle import Resources, StopRequest
 from grpo_kit.training.optimization import Optimization
@@ -83,12 +86,14 @@ def setup(cfg: DictConfig, run_dir: Path, registry: Registry) -> tuple[Session, 
     advantage = build_advantage(cfg, registry)
     rewards, reward_weights = build_rewards(cfg, registry)
     generation = registry.build("generation", cfg.generation.name, options(cfg.generation))
+    check_asynchronous(cfg, generation)
     hook_plugins = build_hooks(cfg, registry)
 
     t, algo = cfg.trainer, cfg.algorithm
     num_generations = cfg.generation.num_generations
     steps_per_generation = algo.steps_per_generation or t.gradient_accumulation_steps
     by_length = group_by_length(cfg, objective.loss, steps_per_generation)
+    budget = token_budget(cfg, objective.loss, steps_per_generation)
     trackers = check_trackers(list(t.report_to))
     accelerator = build_accelerator(t, run_dir, trackers)
     generation_batch_size = t.per_device_train_batch_size * steps_per_generation  # completions, this process
@@ -98,8 +103,8 @@ def setup(cfg: DictConfig, run_dir: Path, registry: Registry) -> tuple[Session, 
     replay = RolloutReplay(cfg.rollouts.replay, num_generations, generation_batch_size) if cfg.rollouts.replay else None
     check_model_path(cfg.model.name_or_path)
     prompts = load_prompts(cfg.data)
-    eval_prompts = load_eval_prompts(cfg.eval, cfg.data)
-    every_prompt_set = [dataset for dataset in (prompts, eval_prompts) if dataset is not None]
+    eval_sets = load_eval_sets(cfg.eval, cfg.data)
+    every_prompt_set = [prompts, *eval_sets.values()]
     for dataset in every_prompt_set if cfg.rollout is None else ():  # a rollout plugin may add the columns
         check_reward_columns(rewards, dataset, OmegaConf.to_container(cfg.reward, resolve=True))
     max_steps = t.max_steps
@@ -128,6 +133,14 @@ def setup(cfg: DictConfig, run_dir: Path, registry: Registry) -> tuple[Session, 
                 "Leave it null (grouping where it changes nothing) or false, or set algorithm.router_aux_loss_coef=0."
             )
         by_length = False
+    if policy_loss.router_aux_loss_coef != 0.0 and budget.max_tokens is not None:
+        raise ConfigError(
+            "trainer.max_tokens_per_micro_batch would change the gradient of this run's steps, because the router "
+            "load-balancing loss of this mixture-of-experts model is computed over each micro-batch's tokens. Leave "
+            "it null, or set algorithm.router_aux_loss_coef=0."
+        )
+    if budget.packing:
+        use_packing(model)  # the first packed pass checks that the model keeps packed sequences apart
     eos = eos_token_ids(model, tokenizer)  # every backend, the tool loop and custom rollouts end completions at these
     for dataset in every_prompt_set:
         check_prompt_lengths(
@@ -137,13 +150,15 @@ def setup(cfg: DictConfig, run_dir: Path, registry: Registry) -> tuple[Session, 
             getattr(model.config, "max_position_embeddings", None),
         )
     reference = build_reference(cfg, model, accelerator) if algo.beta != 0.0 else None
+    if reference is not None and budget.packing:
+        use_packing(unwrapped(reference))
     sampler = PromptSampler(prompts, cfg.seed, cfg.data.shuffle, accelerator.process_index, accelerator.num_processes)
     optimizer = build_optimizer(t, model)
     scheduler = build_scheduler(t, optimizer, max_steps)
     # The scheduler stays unprepared: accelerate would step it once per process, TRL steps it once per step.
     model, optimizer = accelerator.prepare(model, optimizer)
     reference = prepare_reference(reference, accelerator)
-    optimization = Optimization(model, optimizer, scheduler, accelerator, policy_loss, t.max_grad_norm)
+    optimization = Optimization(model, optimizer, scheduler, accelerator, policy_loss, t.max_grad_norm, budget=budget)
 
     # The trainer_state rewards receive, as TRL hands its own; `at_step` moves it on after each step.
     prompts_per_step = (
@@ -205,6 +220,7 @@ def setup(cfg: DictConfig, run_dir: Path, registry: Registry) -> tuple[Session, 
             cfg.generation.max_completion_length,
             by_length,
             corrected,
+            budget,
         )
         session = Session(
             cfg,
@@ -231,9 +247,13 @@ def setup(cfg: DictConfig, run_dir: Path, registry: Registry) -> tuple[Session, 
         if checkpoint is not None:
             resume(session, state, checkpoint)
             at_step(trainer_state, state.step)
-        if eval_prompts is not None:
+        if algo.max_staleness:  # from here on generation goes through the worker, which closes the backend
+            resources.generation = generate_ahead(
+                cfg, rollout, state, prompts_per_generation, batches.micro_steps_per_batch
+            )
+        if eval_sets:
             resources.evaluator = Evaluator(
-                eval_prompts,
+                eval_sets,
                 rollout,
                 cfg.eval,
                 cfg.seed,

@@ -13,6 +13,7 @@ from grpo_kit.contract.errors import ConfigError
 from grpo_kit.model.sharding import load_whole_weights, state_is_sharded
 from grpo_kit.objective.objective import EntropyControl
 from grpo_kit.outputs.checkpoints import random_states, restore_random_states
+from grpo_kit.rollout.ahead import GenerationAhead
 from grpo_kit.rollout.prompts import PromptSampler
 from grpo_kit.rollout.replay import RolloutRecorder, RolloutReplay
 from grpo_kit.training.batches import GenerationBatch
@@ -34,6 +35,10 @@ class TrainState:
     batch: GenerationBatch | None = None  # the generation batch still being trained on
     window: defaultdict[str, list[float]] = field(default_factory=lambda: defaultdict(list))  # since the last log
     num_tokens: int = 0  # prompt and completion tokens generated for training so far, every process's
+    # Asynchronous generation's worker, which draws prompts ahead: the sampler's state to save is from before the
+    # batches it has drawn and the trainer has not taken, which a resume draws again (dropped_ahead of them).
+    ahead: GenerationAhead | None = None
+    dropped_ahead: int = 0
 
     def state_dict(self, accelerator: Accelerator) -> dict:
         """The checkpoint; every process calls it, since it gathers what differs between processes."""
@@ -42,7 +47,8 @@ class TrainState:
             "model": None if sharded else self.model.state_dict(),
             "optimizer": None if sharded else self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(),
-            "sampler": self.sampler.state(),
+            "sampler": self._sampler_state(),
+            "generated_ahead": 0 if self.ahead is None else self.ahead.in_flight(),
             "reference": (  # gathered whole under FSDP2 and ZeRO-3
                 None if self.moving_reference is None else accelerator.get_state_dict(self.moving_reference)
             ),
@@ -72,6 +78,7 @@ class TrainState:
             self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.sampler.restore(state["sampler"])
+        self.dropped_ahead = state.get("generated_ahead", 0)  # absent from checkpoints older than max_staleness
         if self.moving_reference is not None:
             load_whole_weights(accelerator, self.moving_reference, state["reference"])
         if self.replay is not None:
@@ -88,7 +95,7 @@ class TrainState:
     def progress(self) -> dict:
         """What a step changes before its optimizer step, to go back to the step's start (`rewind`)."""
         return {
-            "sampler": self.sampler.state(),
+            "sampler": self._sampler_state(),
             "micro_step": self.micro_step,
             "batch": None if self.batch is None else self.batch.copy(),
             "window": {name: list(values) for name, values in self.window.items()},
@@ -97,6 +104,9 @@ class TrainState:
             "recorded": None if self.recorder is None else self.recorder.count,
             "random": random_states(),
         }
+
+    def _sampler_state(self) -> dict:
+        return self.sampler.state() if self.ahead is None else self.ahead.sampler_state()
 
     def rewind(self, progress: dict) -> None:
         self.sampler.restore(progress["sampler"])

@@ -16,6 +16,10 @@ def add_micro_batch(window: dict[str, list[float]], batch_metrics: dict, out: Ob
         window[name].append(accelerator.gather(value).nanmean().item())
 
 
+# Logged as the largest value of the window, where every other metric is its mean (as TRL logs them).
+WINDOW_MAXIMA = {"async/staleness/max"}
+
+
 def summarise(window: dict[str, list[float]], step: int, accumulation: int, learning_rate: float) -> dict:
     """One logged line: the means over the logging window, and the loss of an optimizer step."""
     logged = {"step": step}
@@ -24,7 +28,12 @@ def summarise(window: dict[str, list[float]], step: int, accumulation: int, lear
             logged["loss"] = sum(values) / len(values) * accumulation  # a step's micro losses add up to its loss
         else:
             present = [value for value in values if not math.isnan(value)]
-            logged[name] = sum(present) / len(present) if present else math.nan
+            if not present:
+                logged[name] = math.nan
+            elif name in WINDOW_MAXIMA:
+                logged[name] = max(present)
+            else:
+                logged[name] = sum(present) / len(present)
     logged["learning_rate"] = learning_rate
     return logged
 
