@@ -1,7 +1,9 @@
-"""The README's main command with an LLM judge as its only reward: the judge (conftest.py, a real HTTP server)
-answers the accuracy of each sum, and the run must learn the embedded task as the accuracy-rewarded runs do."""
+"""The README's main command with an LLM judge as its only reward, generating through the CPU vLLM test server: the
+judge (conftest.py, a real HTTP server) answers the accuracy of each sum, and the run must learn the embedded task as
+the accuracy-rewarded runs do."""
 
 import json
+import socket
 import subprocess
 import sys
 
@@ -9,8 +11,11 @@ import pytest
 
 
 @pytest.mark.slow
-def test_a_judged_run_learns_the_embedded_task(tmp_path, judge):
+def test_a_judged_run_learns_the_embedded_task_through_the_test_server(tmp_path, judge):
     run_dir = tmp_path / "run"
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        generation_port = probe.getsockname()[1]
     subprocess.run(
         [
             sys.executable,
@@ -23,6 +28,9 @@ def test_a_judged_run_learns_the_embedded_task(tmp_path, judge):
             "reward.judge.template='{prompt}{completion}'",
             "reward.judge.score_max=1",
             "reward.judge.on_failure=stop",  # a judge failure must not pass for a wrong answer
+            "generation=vllm_server",
+            "generation.launch=test",
+            f"generation.base_url=http://127.0.0.1:{generation_port}",
             f"hydra.run.dir={run_dir}",
         ],
         check=True,
