@@ -100,6 +100,7 @@ def main():
     parser.add_argument("--steps", type=int, default=2, help="timed steps after one warm-up step")
     parser.add_argument("--device", default="cpu", help="cpu, or cuda (peak allocated CUDA memory)")
     parser.add_argument("--settings", nargs="+", default=list(SETTINGS), choices=SETTINGS)
+    parser.add_argument("--json", help="also write the figures to this file")
     parser.add_argument("--measure", help=argparse.SUPPRESS)  # internal: one setting, in a child process
     args = parser.parse_args()
     if args.measure:
@@ -132,6 +133,9 @@ def main():
             f"{setting:<10}{result['path']:<10}{result['peak_mib']:>12,.0f}{result['seconds']:>18.2f}"
             f"{ratios[0]:>14}{ratios[1]:>14}"
         )
+    if args.json:
+        with open(args.json, "w") as file:
+            json.dump({"device": args.device, "vocab": args.vocab, "results": results}, file, indent=1)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,8 @@
-"""grpo_kit against TRL's GRPOTrainer on the same three workloads: seconds per step, peak memory, and the floor.
+"""grpo_kit against TRL's GRPOTrainer on the same workloads: seconds per step and per generated token, peak memory,
+and the floor.
 
     python benchmarks/race.py                                  # W1, W2, W3, two rounds (about 25 min on 2 CPU cores)
+    python benchmarks/race.py --workloads W4                   # W4a and W4b, a real vocabulary and mixed lengths
     python benchmarks/race.py --workloads W1 --rounds 1 --steps 6-20
     python benchmarks/race.py --quick                          # a smoke run: every workload, a few steps
     python benchmarks/race.py --profile --workloads W1,W2      # where a step's time goes, phase by phase
@@ -37,10 +39,30 @@ is the exact match of the completion with the sum (`sum_accuracy` below, the sam
     W2  completions of at most 128 tokens, num_iterations 2, beta 0.04, 4 micro-batches of 16 per step
     W3  completions of exactly 512 tokens (EOS suppressed), num_iterations 1, beta 0, 1 micro-batch of 64
 
+W4 is a real shape instead, with each side's shipped defaults for a hub model (grpo_kit: `model=hf data=hf`; TRL:
+GRPOConfig's defaults), the memory-saving log-probs included (grpo_kit's model=hf: model.logits=chunked; TRL 1.16:
+its fused LM head, always on), and float32 on a CPU on both sides (TRL's bf16 default turned off: grpo_kit's
+mixed_precision=auto is float32 on a CPU). An untrained Qwen2 of Qwen2's vocabulary (151,936) and a small width
+(hidden 64 x 2 layers; `build_real_model`), prompts of 20-200 tokens, completions of up to 256 tokens that end at
+EOS after ~85 tokens on average (geometrically: the model's EOS logit is raised, see `build_real_model`), the
+reward is the completion's length (`length_reward`), 4 prompts x 8 completions per step in 4 micro-batches of 8
+(TRL's default micro-batch; 4 accumulation steps so that a step mixes prompt lengths), learning rate 1e-6, gradient
+checkpointing, fused AdamW, top-k off (TRL's default top_k=0; top_k=None would become transformers 5's 50):
+
+    W4a  num_iterations 1, beta 0       W4b  num_iterations 2, beta 0.04
+
+Its figure is seconds per generated token (the measured steps' wall time over the tokens generated in them,
+EOS included), since completion lengths vary. W4gpu is W4a on a Qwen2.5-0.5B-shaped model, for a GPU (--device
+cuda: bf16 autocast on every side, TRL's default; peak = allocated CUDA memory): benchmarks/gpu/.
+
 Before the table, the script checks what makes the two sides comparable, from what each run logged, and stops
 with an error where one fails: 64 completions per generation batch on both sides and as many generation batches
 (so W2 trains on each for 2 steps on both), the same completion cap and no completion above it, every W3
-completion exactly 512 tokens long, KL logged at every W2 step on both sides.
+completion exactly 512 tokens long, KL logged at every W2 step on both sides; the same learning rate, loss
+(dapo), completions per prompt and number of optimizer steps, a finite loss at every step, float32 weights; the
+same logits processors on every side (recorded from transformers' own `_get_logits_processor`, which the lean loop
+calls too) and none that filters (temperature, top-k, top-p, min-p); and mean completion lengths within 25% (or 4
+standard errors) of grpo_kit's on TRL's and bare's sides.
 
 This file is also the local plugin module of the grpo_kit runs (GRPO_KIT_PLUGINS=race, with benchmarks/ on
 PYTHONPATH): grpo_kit's `python` reward imports `race:sum_accuracy`, and three always-on hooks record the step ends
@@ -49,8 +71,10 @@ process nor grpo_kit's plugin loading pays for torch or grpo_kit here.
 """
 
 import argparse
+import contextlib
 import copy
 import json
+import math
 import os
 import random
 import shutil
@@ -81,6 +105,21 @@ MODEL_SEED = 0
 NUM_PROMPTS = 2000
 SIDES = ("grpo_kit", "TRL", "bare")
 
+# W4's model: Qwen2's vocabulary and special tokens, a width this machine can train (the LM head is most of the cost).
+REAL_VOCAB = 151_936
+REAL_PAD, REAL_EOS = "<|endoftext|>", "<|im_end|>"  # ids 151643 and 151645, as in Qwen2's tokenizer
+REAL_SPECIAL_IDS = {151643: REAL_PAD, 151644: "<|im_start|>", 151645: REAL_EOS}
+REAL_PROMPT_LENGTHS = (20, 200)  # tokens, uniformly
+# EOS's logit sits about 7.5 above the others', so that a completion ends after ~85 tokens on average
+# (geometrically: many short ones, ~5% reach the 256-token cap); build_real_model says how.
+EOS_LOGIT_GAP = 7.5  # ln(151,936 / 84)
+# Qwen2 shapes of W4's models: a width this machine can train (the LM head is most of the cost), and Qwen2.5-0.5B's
+# (benchmarks/gpu/, bf16 on a GPU).
+REAL_SHAPES = {
+    "tiny": dict(hidden_size=64, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4),
+    "0.5b": dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14),
+}
+
 
 @dataclass(frozen=True)
 class Workload:
@@ -92,6 +131,14 @@ class Workload:
     gradient_accumulation_steps: int
     forced_length: bool  # EOS suppressed: every completion is exactly max_completion_length tokens
     steps: tuple[int, int]  # the measured steps by default, first and last (the run stops at the last)
+    # W4: Qwen2's vocabulary, prompts of 20-200 tokens, each side's shipped defaults for a hub model (learning rate
+    # 1e-6, gradient checkpointing, fused AdamW, the chunked LM head) instead of the settings above.
+    real_shape: bool = False
+    size: str = "tiny"  # W4's model, a key of REAL_SHAPES
+
+    @property
+    def learning_rate(self) -> float:
+        return 1e-6 if self.real_shape else LEARNING_RATE  # 1e-6: TRL's GRPOConfig default, and grpo_kit's
 
     @property
     def completions_per_step(self) -> int:
@@ -107,8 +154,17 @@ WORKLOADS = {
     "W1": Workload("W1", 32, 1, 0.0, 64, 1, False, (6, 30)),
     "W2": Workload("W2", 128, 2, 0.04, 16, 4, False, (6, 30)),
     "W3": Workload("W3", 512, 1, 0.0, 64, 1, True, (3, 8)),
+    "W4a": Workload("W4a", 256, 1, 0.0, 8, 4, False, (3, 8), real_shape=True),
+    "W4b": Workload("W4b", 256, 2, 0.04, 8, 4, False, (3, 8), real_shape=True),
+    # W4a with Qwen2.5-0.5B's shape, for a GPU (benchmarks/gpu/run.sh: --device cuda)
+    "W4gpu": Workload("W4gpu", 256, 1, 0.0, 8, 4, False, (2, 6), real_shape=True, size="0.5b"),
 }
-QUICK_STEPS = {"W1": (2, 4), "W2": (3, 6), "W3": (2, 3)}
+WORKLOAD_GROUPS = {"W4": ("W4a", "W4b")}  # --workloads W4: both variants
+QUICK_STEPS = {"W1": (2, 4), "W2": (3, 6), "W3": (2, 3), "W4a": (2, 3), "W4b": (3, 4), "W4gpu": (2, 3)}
+# Sampling settings every workload asks for on every side: temperature 1, no top-k, top-p or min-p. A side whose
+# generate built one of these processors sampled otherwise (transformers 5 turns top_k=None into 50).
+TOKEN_TIME_GOAL, PEAK_GOAL, BARE_GOAL = 0.4, 0.7, 1.2  # W4's goals (issue 32): ratios to TRL's and to bare's
+FILTERING_PROCESSORS = ("TemperatureLogitsWarper", "TopKLogitsWarper", "TopPLogitsWarper", "MinPLogitsWarper")
 
 
 def sum_accuracy(completions, solution, **_) -> list[float]:
@@ -116,10 +172,62 @@ def sum_accuracy(completions, solution, **_) -> list[float]:
     return [1.0 if completion.strip() == answer else 0.0 for completion, answer in zip(completions, solution)]
 
 
+def length_reward(completions, **_) -> list[float]:
+    """W4's reward: the completion's characters over 2,048 (~256 tokens), so that a group's advantages differ."""
+    return [len(completion) / 2048 for completion in completions]
+
+
+def reward_function(workload: Workload):
+    return length_reward if workload.real_shape else sum_accuracy
+
+
+def cuda_peak_mib() -> float | None:
+    """The process's peak allocated CUDA memory, where it used CUDA (ru_maxrss counts host memory only)."""
+    torch = sys.modules.get("torch")
+    return torch.cuda.max_memory_allocated() / 2**20 if torch and torch.cuda.is_initialized() else None
+
+
+def describe_processors(processors) -> list:
+    """The logits processors generate built, as [name, {setting: value}] (scalars and short token lists)."""
+    described = []
+    for processor in processors:
+        settings = {}
+        for name, value in vars(processor).items():
+            if hasattr(value, "tolist") and getattr(value, "numel", lambda: 99)() <= 16:
+                value = value.tolist()
+            if isinstance(value, (int, float, bool, str, list)):
+                settings[name] = value
+        described.append([type(processor).__name__, settings])
+    return described
+
+
+def record_sampling(into: list) -> None:
+    """Append the description of every distinct set of logits processors that generation builds from now on (the
+    lean loop builds them with generate's own method, so this sees every side's sampling)."""
+    from transformers.generation.utils import GenerationMixin
+
+    original = GenerationMixin._get_logits_processor
+
+    def recorded(self, *args, **kwargs):
+        processors = original(self, *args, **kwargs)
+        described = describe_processors(processors)
+        if described not in into:
+            into.append(described)
+        return processors
+
+    GenerationMixin._get_logits_processor = recorded
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # What the grpo_kit run records, through its hooks (this module is its GRPO_KIT_PLUGINS module).
 
-_probe: dict = {"step_ends": {}, "generations": []}
+_probe: dict = {"step_ends": {}, "generations": [], "sampling": []}
+
+
+@hookimpl
+def on_train_start(run):
+    _probe["dtype"] = str(next(run.model.parameters()).dtype)
+    record_sampling(_probe["sampling"])
 
 
 @hookimpl
@@ -136,6 +244,7 @@ def on_step_end(step):
 def on_train_end():
     if os.environ.get(PROBE_ENV):
         _probe["phases"] = PHASES.intervals
+        _probe["cuda_peak_mib"] = cuda_peak_mib()
         Path(os.environ[PROBE_ENV]).write_text(json.dumps(_probe))
 
 
@@ -259,7 +368,9 @@ def phase_profile(intervals, step_ends: dict[int, float], first: int, last: int,
 # The children: TRL's trainer, and the bare loop. Each writes its record as JSON to `out`.
 
 
-def trl_child(workload: Workload, max_steps: int, workdir: Path, out: Path, profile: bool, seed: int) -> None:
+def trl_child(
+    workload: Workload, max_steps: int, workdir: Path, out: Path, profile: bool, seed: int, device: str
+) -> None:
     import datasets
     from transformers import TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
@@ -283,37 +394,51 @@ def trl_child(workload: Workload, max_steps: int, workdir: Path, out: Path, prof
 
     if profile:
         time_trl_phases(PHASES, RecordingTrainer)
-    config = GRPOConfig(
+    sampling = []
+    record_sampling(sampling)
+    common = dict(
         output_dir=str(workdir / "trl-output"),
         max_steps=max_steps,
         per_device_train_batch_size=workload.per_device_train_batch_size,
         gradient_accumulation_steps=workload.gradient_accumulation_steps,
-        num_generations=NUM_GENERATIONS,
         max_completion_length=workload.max_completion_length,
         num_iterations=workload.num_iterations,
         beta=workload.beta,
-        loss_type="dapo",
-        learning_rate=LEARNING_RATE,
-        temperature=1.0,
-        top_p=1.0,
-        top_k=None,
-        generation_kwargs=workload.generation_kwargs,
-        model_init_kwargs={"dtype": "float32"},
-        # TRL's defaults that differ from grpo_kit's: bf16 autocast, gradient checkpointing and fused AdamW.
-        bf16=False,
-        gradient_checkpointing=False,
-        optim="adamw_torch",  # unfused torch.optim.AdamW on both sides
-        use_cpu=True,
+        # bf16 autocast is TRL's default; grpo_kit's (trainer.mixed_precision=auto) is float32 on a CPU, whose bf16
+        # matrix products are slow, and bf16 on a GPU: both sides run float32 on a CPU and bf16 on a GPU.
+        bf16=device == "cuda",
+        use_cpu=device == "cpu",
         seed=seed,
         logging_steps=1,
         save_strategy="no",
         report_to=[],
         disable_tqdm=True,
     )
-    prompts = datasets.load_dataset("json", data_files=str(workdir / "prompts.jsonl"), split="train")
+    if workload.real_shape:  # everything else is GRPOConfig's default: the fused (chunked) LM head is always on
+        config = GRPOConfig(**common)
+    else:
+        config = GRPOConfig(
+            **common,
+            num_generations=NUM_GENERATIONS,
+            loss_type="dapo",
+            learning_rate=LEARNING_RATE,
+            temperature=1.0,
+            top_p=1.0,
+            top_k=0,
+            generation_kwargs=workload.generation_kwargs,
+            model_init_kwargs={"dtype": "float32"},
+            # TRL's defaults that differ from grpo_kit's here: gradient checkpointing and fused AdamW.
+            gradient_checkpointing=False,
+            optim="adamw_torch",  # unfused torch.optim.AdamW on both sides
+        )
+    prompts = datasets.load_dataset("json", data_files=str(prompts_path(workload, workdir)), split="train")
     clock = StepClock()
     trainer = RecordingTrainer(
-        model=str(workdir / "model"), reward_funcs=sum_accuracy, args=config, train_dataset=prompts, callbacks=[clock]
+        model=str(model_path(workload, workdir)),
+        reward_funcs=reward_function(workload),
+        args=config,
+        train_dataset=prompts,
+        callbacks=[clock],
     )
     trainer.train()
     record = {
@@ -327,23 +452,38 @@ def trl_child(workload: Workload, max_steps: int, workdir: Path, out: Path, prof
             "completions_per_step": config.per_device_train_batch_size * config.gradient_accumulation_steps,
             "generation_kwargs": config.generation_kwargs,
             "dtype": str(trainer.model.dtype),
+            "learning_rate": config.learning_rate,
+            "loss_type": config.loss_type,
+            "num_generations": config.num_generations,
+            "optimizer_steps": trainer.state.global_step,
         },
+        "sampling": sampling,
+        "cuda_peak_mib": cuda_peak_mib(),
         "phases": PHASES.intervals,
     }
     out.write_text(json.dumps(record))
 
 
-def bare_child(workload: Workload, max_steps: int, workdir: Path, out: Path, seed: int) -> None:
-    """The compute itself: generate, score, old/reference log-probs, forward/backward/clip/AdamW, in a plain loop."""
+def bare_child(workload: Workload, max_steps: int, workdir: Path, out: Path, seed: int, device: str) -> None:
+    """The compute itself: generate, score, old/reference log-probs, forward/backward/clip/AdamW, in a plain loop.
+    W4's adds what both trainers' defaults do there: gradient checkpointing, fused AdamW, and log-probs from the last
+    hidden states a chunk of positions at a time, each chunk's logits recomputed in the backward pass."""
     import torch
+    from torch.utils.checkpoint import checkpoint
     from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
     torch.manual_seed(seed)
-    tokenizer = AutoTokenizer.from_pretrained(workdir / "model")
-    model = AutoModelForCausalLM.from_pretrained(workdir / "model", dtype=torch.float32)
+    sampling = []
+    record_sampling(sampling)
+    tokenizer = AutoTokenizer.from_pretrained(model_path(workload, workdir))
+    model = AutoModelForCausalLM.from_pretrained(model_path(workload, workdir), dtype=torch.float32).to(device)
+    # the trainers' mixed precision: bf16 autocast on a GPU, none on a CPU
+    autocast = torch.autocast("cuda", dtype=torch.bfloat16) if device == "cuda" else contextlib.nullcontext()
     reference = copy.deepcopy(model).eval().requires_grad_(False) if workload.beta else None
-    optimizer = torch.optim.AdamW(model.parameters(), lr=LEARNING_RATE)
-    rows = [json.loads(line) for line in (workdir / "prompts.jsonl").read_text().splitlines()]
+    if workload.real_shape:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    optimizer = torch.optim.AdamW(model.parameters(), lr=workload.learning_rate, fused=workload.real_shape)
+    rows = [json.loads(line) for line in prompts_path(workload, workdir).read_text().splitlines()]
     random.Random(seed).shuffle(rows)
     generation_config = GenerationConfig(
         max_new_tokens=workload.max_completion_length,
@@ -360,7 +500,26 @@ def bare_child(workload: Workload, max_steps: int, workdir: Path, out: Path, see
     micro_batches_per_generation = workload.gradient_accumulation_steps * workload.num_iterations
     off_policy = workload.num_iterations > 1  # the policy moves before the batch's later micro-batches
 
+    def chunk_log_probs(head, hidden, targets):  # (n,): one chunk of positions through the LM head
+        return head(hidden).log_softmax(-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+
+    def chunked_log_probs(policy, batch, chunk=1024):  # (B, T), never more than `chunk` positions' logits at once
+        length = batch["completion_mask"].shape[1]
+        hidden = policy.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).last_hidden_state
+        hidden = hidden[:, -length - 1 : -1].reshape(-1, hidden.shape[-1])  # (B * T, H)
+        targets = batch["input_ids"][:, -length:].reshape(-1)
+        head = policy.get_output_embeddings()
+        pieces = [
+            checkpoint(chunk_log_probs, head, hidden[start : start + chunk], targets[start : start + chunk])
+            if torch.is_grad_enabled()
+            else chunk_log_probs(head, hidden[start : start + chunk], targets[start : start + chunk])
+            for start in range(0, len(targets), chunk)
+        ]
+        return torch.cat(pieces).view(-1, length)
+
     def log_probs(policy, batch):  # (B, T), as grpo_kit and TRL compute them: the completion's tokens only
+        if workload.real_shape:
+            return chunked_log_probs(policy, batch)
         length = batch["completion_mask"].shape[1]
         logits = (
             policy(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], logits_to_keep=length + 1)
@@ -379,22 +538,26 @@ def bare_child(workload: Workload, max_steps: int, workdir: Path, out: Path, see
                 texts = [row["prompt"] for row in chosen for _ in range(NUM_GENERATIONS)]
                 prompts = tokenizer(
                     texts, add_special_tokens=False, padding=True, padding_side="left", return_tensors="pt"
-                )
+                ).to(device)
                 model.eval()
-                with PHASES.time("generate"), torch.no_grad():
+                with PHASES.time("generate"), torch.no_grad(), autocast:
                     sequences = model.generate(**prompts, generation_config=generation_config)
                     completions = sequences[:, prompts.input_ids.shape[1] :]
                     is_eos = completions == tokenizer.eos_token_id
                     first_eos = torch.where(is_eos.any(1), is_eos.int().argmax(1), completions.shape[1])
-                    completion_mask = (torch.arange(completions.shape[1]) <= first_eos[:, None]).long()
+                    positions = torch.arange(completions.shape[1], device=device)
+                    completion_mask = (positions <= first_eos[:, None]).long()
                 generations.append(completion_mask.sum(1).tolist())
                 # The same reward and group-normalised advantages as the others (TRL's scale_rewards="group"), so
                 # that this policy learns as theirs do and its completions keep comparable lengths.
                 with PHASES.time("score"):
-                    answers = tokenizer.batch_decode(completions * completion_mask, skip_special_tokens=True)
-                    rewards = torch.tensor(
-                        sum_accuracy(answers, [row["solution"] for row in chosen for _ in range(NUM_GENERATIONS)])
+                    answers = tokenizer.batch_decode(
+                        completions.masked_fill(completion_mask == 0, tokenizer.pad_token_id), skip_special_tokens=True
                     )
+                    columns = {
+                        name: [row[name] for row in chosen for _ in range(NUM_GENERATIONS)] for name in chosen[0]
+                    }
+                    rewards = torch.tensor(reward_function(workload)(answers, **columns), device=device)
                     groups = rewards.view(-1, NUM_GENERATIONS)
                     advantages = (groups - groups.mean(1, keepdim=True)) / (groups.std(1, keepdim=True) + 1e-4)
                 batch = {
@@ -404,12 +567,12 @@ def bare_child(workload: Workload, max_steps: int, workdir: Path, out: Path, see
                     "advantages": advantages.view(-1),
                 }
                 active_tokens = completion_mask.sum()
-                with PHASES.time("old/ref log-probs"), torch.no_grad():
+                with PHASES.time("old/ref log-probs"), torch.no_grad(), autocast:
                     if off_policy:
                         batch["old"] = log_probs(model, batch)
                     if reference is not None:
                         batch["ref"] = log_probs(reference, batch)
-                order = torch.randperm(len(texts))
+                order = torch.randperm(len(texts), device=device)
                 micro_batches = [
                     {name: tensor[indices] for name, tensor in batch.items()}
                     for indices in order.chunk(workload.gradient_accumulation_steps)
@@ -417,7 +580,7 @@ def bare_child(workload: Workload, max_steps: int, workdir: Path, out: Path, see
                 model.train()
             micro_batch = micro_batches[micro_step % workload.gradient_accumulation_steps]
             micro_step += 1
-            with PHASES.time("forward+loss"):  # dapo: clipped ratio times advantage, over the batch's tokens
+            with PHASES.time("forward+loss"), autocast:  # dapo: clipped ratio times advantage, over the batch's tokens
                 logps = log_probs(model, micro_batch)
                 ratio = torch.exp(logps - micro_batch.get("old", logps.detach()))
                 advantages = micro_batch["advantages"][:, None]
@@ -434,7 +597,9 @@ def bare_child(workload: Workload, max_steps: int, workdir: Path, out: Path, see
             optimizer.step()
             optimizer.zero_grad()
         step_ends[step] = time.perf_counter()
-    out.write_text(json.dumps({"step_ends": step_ends, "generations": generations, "phases": PHASES.intervals}))
+    record = {"step_ends": step_ends, "generations": generations, "sampling": sampling, "phases": PHASES.intervals}
+    record["cuda_peak_mib"] = cuda_peak_mib()
+    out.write_text(json.dumps(record))
 
 
 def grpo_kit_profile_child() -> None:
@@ -477,7 +642,100 @@ def write_prompts(path: Path) -> None:
     path.write_text("".join(json.dumps(row) + "\n" for row in build_task(NUM_PROMPTS)))
 
 
+def model_path(workload: Workload, workdir: Path) -> Path:
+    if not workload.real_shape:
+        return workdir / "model"
+    return workdir / ("model-qwen2" if workload.size == "tiny" else f"model-qwen2-{workload.size}")
+
+
+def prompts_path(workload: Workload, workdir: Path) -> Path:
+    return workdir / ("prompts-qwen2.jsonl" if workload.real_shape else "prompts.jsonl")
+
+
+def build_real_model(directory: Path, size: str) -> None:
+    """W4's untrained Qwen2: Qwen2's vocabulary (151,936) and special tokens, the shape REAL_SHAPES[size] (tiny:
+    hidden 64 x 2 layers, intermediate 256, 4 heads; 0.5b: Qwen2.5-0.5B's), 2 KV heads and tied embeddings as in
+    Qwen2.5-0.5B.
+
+    The tokenizer is Qwen2's kind (AutoTokenizer loads a qwen2 model's as Qwen2Tokenizer: byte-level BPE): its first
+    256 tokens are the byte-level characters, so a prompt of n letters and digits is n tokens, and every other id
+    decodes to a word of its own ("w4000"). It has no merges: Qwen2's would need its vocabulary files.
+
+    An untrained model's next-token distribution is nearly uniform, so it would almost never sample EOS among 151,936
+    tokens. Every token's embedding is shifted by 10 along hidden dimension 0, so that the residual stream is
+    positive there whatever the layers add, and the final norm's output holds a positive value along it (measured
+    on random prompts); EOS's embedding (the head's row, tied) is shifted further along it by EOS_LOGIT_GAP over that
+    value, so EOS's logit is about EOS_LOGIT_GAP above the others' (all of which share the first shift) and each
+    token is EOS with probability ~1/85, more or less with the position. The other logits keep their random spread;
+    the compute is a Qwen2's."""
+    import torch
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    words = list(bytes_to_unicode().values())
+    words += [f"w{token_id}" for token_id in range(len(words), REAL_VOCAB)]
+    for token_id, special in REAL_SPECIAL_IDS.items():
+        words[token_id] = special
+    backend = Tokenizer(models.BPE(vocab={word: token_id for token_id, word in enumerate(words)}, merges=[]))
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    backend.decoder = decoders.ByteLevel()
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, eos_token=REAL_EOS, pad_token=REAL_PAD)
+    eos_id = tokenizer.convert_tokens_to_ids(REAL_EOS)
+    config = Qwen2Config(
+        vocab_size=REAL_VOCAB,
+        **REAL_SHAPES[size],
+        num_key_value_heads=2,
+        max_position_embeddings=512,  # prompts of up to 200 tokens + 256 completion tokens
+        tie_word_embeddings=True,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=eos_id,
+        bos_token_id=None,
+    )
+    torch.manual_seed(MODEL_SEED)
+    model = Qwen2ForCausalLM(config)
+    with torch.no_grad():
+        embeddings = model.model.embed_tokens.weight
+        embeddings[:, 0] += 10.0
+        probe = torch.randint(min(REAL_SPECIAL_IDS), (4, 128), generator=torch.Generator().manual_seed(MODEL_SEED))
+        along = model.model(probe).last_hidden_state[..., 0].mean()  # the final norm's output along dimension 0
+        embeddings[eos_id, 0] += EOS_LOGIT_GAP / along
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.generation_config.eos_token_id = eos_id
+    model.save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+
+
+def write_real_prompts(path: Path) -> None:
+    """W4's prompts: random letters and digits, one token each, 20 to 200 long (uniformly)."""
+    rng = random.Random(MODEL_SEED)
+    alphabet = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"
+    rows = [{"prompt": "".join(rng.choices(alphabet, k=rng.randint(*REAL_PROMPT_LENGTHS)))} for _ in range(NUM_PROMPTS)]
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+
+
 def grpo_kit_overrides(workload: Workload, max_steps: int, workdir: Path, run_dir: Path, seed: int) -> list[str]:
+    if workload.real_shape:  # the presets for a hub model, TRL's defaults: their chunked LM head included
+        return [
+            "model=hf",
+            "data=hf",
+            f"model.name_or_path={model_path(workload, workdir)}",
+            f"data.path={prompts_path(workload, workdir)}",
+            "+reward=python",
+            "reward.python.function=race:length_reward",
+            f"seed={seed}",
+            f"generation.max_completion_length={workload.max_completion_length}",
+            f"algorithm.num_iterations={workload.num_iterations}",
+            f"algorithm.beta={workload.beta}",
+            f"trainer.max_steps={max_steps}",
+            f"trainer.per_device_train_batch_size={workload.per_device_train_batch_size}",
+            f"trainer.gradient_accumulation_steps={workload.gradient_accumulation_steps}",
+            "trainer.logging_steps=1",
+            "trainer.save_model=false",
+            "trainer.progress_bar=false",
+            "trainer.sample_every=0",  # TRL's log_completions is off too
+            f"hydra.run.dir={run_dir}",
+        ]
     overrides = [
         f"model.name_or_path={workdir / 'model'}",
         "model.model_init_kwargs={dtype:float32}",
@@ -527,13 +785,23 @@ def run_child(command: list[str], env: dict, log_path: Path) -> tuple[float, flo
 
 
 def run_side(
-    side: str, workload: Workload, max_steps: int, workdir: Path, label: str, profile: bool, threads: int, seed: int
+    side: str,
+    workload: Workload,
+    max_steps: int,
+    workdir: Path,
+    label: str,
+    profile: bool,
+    threads: int,
+    seed: int,
+    device: str = "cpu",
 ) -> dict:
     """One run of `side` on `workload` in a fresh process: its record (step ends, generations, metrics, settings)."""
     out = workdir / f"{label}.json"
     log_path = workdir / "logs" / f"{label}.log"
     # Every side gets the same number of torch threads (OpenMP's, which torch's CPU kernels use).
     env = dict(os.environ, OMP_NUM_THREADS=str(threads))
+    if device == "cpu":
+        env["CUDA_VISIBLE_DEVICES"] = ""  # grpo_kit, like accelerate, takes a GPU wherever it sees one
     if side == "grpo_kit":
         run_dir = workdir / "runs" / label
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(BENCHMARKS), env.get("PYTHONPATH")]))
@@ -560,12 +828,16 @@ def run_side(
             str(out),
             "--seed",
             str(seed),
+            "--device",
+            device,
             *(["--profile"] if profile else []),
         ]
     peak_mib, wall = run_child(command, env, log_path)
     record = json.loads(out.read_text())
     record["step_ends"] = {int(step): seconds for step, seconds in record["step_ends"].items()}
     record |= {"peak_mib": peak_mib, "wall": wall}
+    if device == "cuda":  # the GPU's memory is what runs out there
+        record["peak_mib"] = record["cuda_peak_mib"]
     if side == "grpo_kit":
         import yaml
 
@@ -577,7 +849,11 @@ def run_side(
             "beta": config["algorithm"]["beta"],
             "completions_per_step": trainer["per_device_train_batch_size"] * trainer["gradient_accumulation_steps"],
             "generation_kwargs": config["generation"]["generation_kwargs"],
-            "dtype": config["model"]["model_init_kwargs"]["dtype"],
+            "dtype": record["dtype"],
+            "learning_rate": trainer["learning_rate"],
+            "loss_type": config["loss"]["name"],
+            "num_generations": config["generation"]["num_generations"],
+            "optimizer_steps": len(record["step_ends"]),  # on_step_end calls
         }
         lines = (run_dir / "metrics.jsonl").read_text().splitlines()
         record["metrics"] = [json.loads(line) for line in lines]
@@ -633,6 +909,10 @@ def check(workload: Workload, records: dict[str, list[dict]], max_steps: int) ->
                 "beta": workload.beta,
                 "completions_per_step": workload.completions_per_step,
                 "generation_kwargs": workload.generation_kwargs,
+                "learning_rate": workload.learning_rate,
+                "loss_type": "dapo",
+                "num_generations": NUM_GENERATIONS,
+                "optimizer_steps": max_steps,
             }
             for name, value in wanted.items():
                 if settings[name] != value:
@@ -646,7 +926,68 @@ def check(workload: Workload, records: dict[str, list[dict]], max_steps: int) ->
                 without_kl = [entry["step"] for entry in record["metrics"] if entry.get("kl") is None]
                 if without_kl:
                     failures.append(f"{where}: no kl logged at steps {without_kl}")
+            losses = [entry.get("loss") for entry in record["metrics"] if "step" in entry]
+            if not all(isinstance(loss, float) and math.isfinite(loss) for loss in losses):
+                failures.append(f"{where}: logged losses {losses}, not all finite")
+    failures += check_sampling(workload, records)
+    failures += check_lengths(workload, records)
     return failures
+
+
+def check_sampling(workload: Workload, records: dict[str, list[dict]]) -> list[str]:
+    """Every run sampled with one set of logits processors, the same on every side, and none that filters."""
+    failures, seen = [], {}
+    for side, runs in records.items():
+        for index, record in enumerate(runs, start=1):
+            where = f"{workload.name} {side} round {index}"
+            if len(record["sampling"]) != 1:
+                failures.append(
+                    f"{where}: sampled with {len(record['sampling'])} sets of processors: {record['sampling']}"
+                )
+                continue
+            processors = record["sampling"][0]
+            filtering = [name for name, _ in processors if name in FILTERING_PROCESSORS]
+            if filtering:
+                failures.append(f"{where}: sampled through {processors}, expected no {', '.join(filtering)}")
+            seen.setdefault(json.dumps(processors, sort_keys=True), []).append(where)
+    if len(seen) > 1:
+        failures.append(
+            f"{workload.name}: the sides sampled differently: "
+            + "; ".join(f"{', '.join(wheres)}: {processors}" for processors, wheres in seen.items())
+        )
+    return failures
+
+
+def check_lengths(workload: Workload, records: dict[str, list[dict]]) -> list[str]:
+    """The sides' mean completion lengths agree: within 25% of each other, or 4 standard errors of their difference
+    where few completions were drawn (the same model sampled the same way draws the same length distribution; a
+    policy trained at W1-W3's learning rate drifts a little)."""
+    if workload.forced_length:
+        return []  # every length is the cap, checked above
+    summaries = {}
+    for side, runs in records.items():
+        lengths = [length for record in runs for batch in record["generations"] for length in batch]
+        summaries[side] = (statistics.mean(lengths), statistics.variance(lengths) / len(lengths))
+    failures = []
+    (_, (ours, our_variance)), *others = summaries.items()
+    for side, (theirs, their_variance) in others:
+        tolerance = max(0.25 * max(ours, theirs), 4 * math.sqrt(our_variance + their_variance))
+        if abs(ours - theirs) > tolerance:
+            failures.append(
+                f"{workload.name}: mean completion length {ours:.1f} tokens (grpo_kit) against {theirs:.1f} ({side}), "
+                f"more than {tolerance:.1f} apart"
+            )
+    return failures
+
+
+def seconds_per_token(record: dict, first: int, last: int, cycle: int) -> tuple[float, int]:
+    """The wall seconds of the whole generation cycles within steps first..last, over the tokens generated in
+    them (EOS included), and that number of tokens. Generation batch g (from 0) is drawn at step g * cycle + 1."""
+    first, last = whole_cycles(first, last, cycle)
+    seconds = record["step_ends"][last] - record["step_ends"][first - 1]
+    batches = record["generations"][(first - 1) // cycle : last // cycle]
+    tokens = sum(sum(batch) for batch in batches)
+    return seconds / tokens, tokens
 
 
 def median(values: list[float]) -> float:
@@ -660,7 +1001,12 @@ def summarise(workload: Workload, records: dict[str, list[dict]], first: int, la
             v for record in runs for v in seconds_per_step(record["step_ends"], first, last, workload.num_iterations)
         ]
         lengths = [length for record in runs for batch in record["generations"] for length in batch]
+        per_token = [seconds_per_token(record, first, last, workload.num_iterations) for record in runs]
+        tokens = sum(count for _, count in per_token)
         row[side] = {
+            # all rounds' seconds over all their tokens
+            "seconds_per_token": sum(seconds * count for seconds, count in per_token) / tokens,
+            "tokens": tokens,
             "seconds": median(values),
             "peak_mib": max(record["peak_mib"] for record in runs),
             "mean_length": sum(lengths) / len(lengths),
@@ -687,6 +1033,40 @@ def print_table(rows: dict[str, dict], ranges: dict[str, tuple[int, int]]) -> No
             f"{bare['seconds']:12.3f} {ours['seconds'] / bare['seconds']:14.2f} "
             f"{theirs['seconds'] / bare['seconds']:9.2f}"
         )
+    print()
+    header = (
+        f"{'workload':10} {'tokens grpo_kit/TRL/bare':>25} {'grpo_kit ms/token':>18} {'TRL ms/token':>13} "
+        f"{'ratio':>6} {'bare ms/token':>14} {'grpo_kit/bare':>14} {'peak ratio':>11}"
+    )
+    print(header)
+    print("-" * len(header))
+    for name, row in rows.items():
+        tokens = "/".join(str(row[side]["tokens"]) for side in SIDES)
+        mine, trl, floor = (1000 * row[side]["seconds_per_token"] for side in SIDES)
+        peak_ratio = row["grpo_kit"]["peak_mib"] / row["TRL"]["peak_mib"]
+        print(
+            f"{name:10} {tokens:>25} {mine:18.3f} {trl:13.3f} {mine / trl:6.2f} {floor:14.3f} {mine / floor:14.2f} "
+            f"{peak_ratio:11.2f}"
+        )
+    real = [name for name in rows if WORKLOADS[name].real_shape]
+    if real:
+        print(
+            f"\nW4 goals: time per generated token <= {TOKEN_TIME_GOAL}x TRL's, peak <= {PEAK_GOAL}x TRL's, "
+            f"<= {BARE_GOAL}x bare's:"
+        )
+        for name in real:
+            ours, theirs, bare = rows[name]["grpo_kit"], rows[name]["TRL"], rows[name]["bare"]
+            verdicts = [
+                ("time vs TRL", ours["seconds_per_token"] / theirs["seconds_per_token"], TOKEN_TIME_GOAL),
+                ("peak vs TRL", ours["peak_mib"] / theirs["peak_mib"], PEAK_GOAL),
+                ("time vs bare", ours["seconds_per_token"] / bare["seconds_per_token"], BARE_GOAL),
+            ]
+            print(
+                f"  {name}: "
+                + ", ".join(
+                    f"{label} {value:.2f} ({'met' if value <= goal else 'NOT met'})" for label, value, goal in verdicts
+                )
+            )
     print()
     print("per round (median s/step), mean completion length, bare peak MiB:")
     for name, row in rows.items():
@@ -719,10 +1099,13 @@ def parse_range(text: str) -> tuple[int, int]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--workloads", default="W1,W2,W3", help="comma-separated: W1,W2,W3")
+    parser.add_argument(
+        "--workloads", default="W1,W2,W3", help="comma-separated: W1,W2,W3,W4a,W4b (W4: both W4 variants)"
+    )
     parser.add_argument("--rounds", type=int, default=2, help="runs of each side per workload, interleaved")
     parser.add_argument("--steps", type=parse_range, help="measured steps of W1 and W2, FIRST-LAST (default 6-30)")
     parser.add_argument("--w3-steps", type=parse_range, help="measured steps of W3, FIRST-LAST (default 3-8)")
+    parser.add_argument("--w4-steps", type=parse_range, help="measured steps of W4a/W4b, FIRST-LAST (default 3-8)")
     parser.add_argument("--quick", action="store_true", help="a smoke run: one round of a few steps")
     parser.add_argument("--profile", action="store_true", help="one run per side with per-phase timings instead")
     parser.add_argument(
@@ -732,6 +1115,13 @@ def main() -> None:
         help="torch threads of every run (default 1: on a shared machine, OpenMP threads that wait for a busy core "
         "at every barrier made steps 25 times slower)",
     )
+    parser.add_argument(
+        "--device",
+        choices=("cpu", "cuda"),
+        default="cpu",
+        help="where every side runs (cuda: bf16 autocast on every side, TRL's default; peak = allocated CUDA memory)",
+    )
+    parser.add_argument("--json", type=Path, help="also write the table's figures to this file")
     parser.add_argument("--keep", action="store_true", help="keep the work folder (runs, logs, records)")
     parser.add_argument(
         "--resume",
@@ -750,20 +1140,24 @@ def main() -> None:
         return grpo_kit_profile_child()  # the rest of the command line is grpo_kit's
     args = parser.parse_args()
     if args.child == "TRL":
-        return trl_child(WORKLOADS[args.workload], args.max_steps, args.workdir, args.out, args.profile, args.seed)
+        return trl_child(
+            WORKLOADS[args.workload], args.max_steps, args.workdir, args.out, args.profile, args.seed, args.device
+        )
     if args.child == "bare":
-        return bare_child(WORKLOADS[args.workload], args.max_steps, args.workdir, args.out, args.seed)
+        return bare_child(WORKLOADS[args.workload], args.max_steps, args.workdir, args.out, args.seed, args.device)
     if args.child is not None:  # never start a whole race from a child
         parser.error(f"unknown --child {args.child}")
 
-    names = [name.strip() for name in args.workloads.split(",")]
+    names = [
+        member for name in args.workloads.split(",") for member in WORKLOAD_GROUPS.get(name.strip(), [name.strip()])
+    ]
     unknown = [name for name in names if name not in WORKLOADS]
     if unknown:
         parser.error(f"unknown workloads {unknown}: choose from {', '.join(WORKLOADS)}")
     rounds = 1 if args.quick or args.profile else args.rounds
     ranges = {}
     for name in names:
-        chosen = args.w3_steps if name == "W3" else args.steps
+        chosen = {"W3": args.w3_steps, "W4a": args.w4_steps, "W4b": args.w4_steps}.get(name, args.steps)
         ranges[name] = chosen or (QUICK_STEPS[name] if args.quick else WORKLOADS[name].steps)
 
     workdir = args.resume or Path(tempfile.mkdtemp(prefix="grpo_kit-race-"))
@@ -775,9 +1169,14 @@ def main() -> None:
         f"work folder {workdir}",
         flush=True,
     )
-    if not (workdir / "prompts.jsonl").exists():  # written last: a resumed race has both
-        build_model(workdir / "model")
-        write_prompts(workdir / "prompts.jsonl")
+    for name in names:
+        workload = WORKLOADS[name]
+        if workload.real_shape and not model_path(workload, workdir).exists():
+            build_real_model(model_path(workload, workdir), workload.size)
+        elif not workload.real_shape and not model_path(workload, workdir).exists():
+            build_model(model_path(workload, workdir))
+        if not prompts_path(workload, workdir).exists():
+            (write_real_prompts if workload.real_shape else write_prompts)(prompts_path(workload, workdir))
     records = {name: {side: [] for side in SIDES} for name in names}
     for round_number in range(1, rounds + 1):
         for name in names:
@@ -792,7 +1191,9 @@ def main() -> None:
                     record["step_ends"] = {int(step): seconds for step, seconds in record["step_ends"].items()}
                 else:
                     seed = FIRST_SEED + round_number - 1
-                    record = run_side(side, workload, last, workdir, label, args.profile, args.threads, seed)
+                    record = run_side(
+                        side, workload, last, workdir, label, args.profile, args.threads, seed, args.device
+                    )
                     finished.write_text(json.dumps(record))
                 records[name][side].append(record)
                 first = ranges[name][0]
@@ -806,7 +1207,8 @@ def main() -> None:
     failures = [failure for name in names for failure in check(WORKLOADS[name], records[name], ranges[name][1])]
     print(
         f"\nchecks: {'all passed' if not failures else f'{len(failures)} FAILED'} (completions per batch, "
-        "generation batches, cap, W3 lengths, settings, float32, kl in W2)"
+        "generation batches, cap, W3 lengths, settings, learning rate, loss, optimizer steps, float32, kl, "
+        "sampling processors, completion lengths)"
     )
     if args.profile:
         profiles = {
@@ -821,7 +1223,10 @@ def main() -> None:
         print_profiles(profiles, ranges)
     else:
         print()
-        print_table({name: summarise(WORKLOADS[name], records[name], *ranges[name]) for name in names}, ranges)
+        rows = {name: summarise(WORKLOADS[name], records[name], *ranges[name]) for name in names}
+        print_table(rows, ranges)
+        if args.json:
+            args.json.write_text(json.dumps({"device": args.device, "failures": failures, "rows": rows}, indent=1))
     minutes = (time.perf_counter() - started) / 60
     print(f"\n{minutes:.1f} minutes; load average at the end {os.getloadavg()[0]:.2f}")
     if args.keep:
