@@ -26,8 +26,8 @@ def check_asynchronous(cfg: DictConfig, generation) -> None:
     if declared(generation, "generation", "generate_in_background") is None:
         raise ConfigError(
             f"algorithm.max_staleness={staleness} needs a generation backend that generates beside training; "
-            f"generation={cfg.generation.name} cannot (it has no generate_in_background; docs/async.md says which "
-            "backends can, and why). Use generation=vllm_server (on a CPU: generation.launch=test), or max_staleness=0."
+            f"generation={cfg.generation.name} cannot (it has no generate_in_background). docs/async.md says which "
+            "backends can, and why; or set algorithm.max_staleness=0."
         )
     conflicts = []
     if cfg.rollouts.replay:
