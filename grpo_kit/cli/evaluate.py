@@ -14,8 +14,6 @@ from pathlib import Path
 
 from grpo_kit.contract.errors import ConfigError, UserError
 
-log = logging.getLogger(__name__)
-
 EVAL_FILE = "eval.json"
 DESCRIPTION = (
     "Evaluate a run's final model (RUN_DIR/model), one of its checkpoints (RUN_DIR/checkpoints/step-N) or a model "

@@ -13,7 +13,6 @@ worker asks the backend for its own prompts (`generate_in_background`).
 """
 
 import contextlib
-import logging
 import threading
 import time
 from collections import deque
@@ -21,8 +20,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from grpo_kit.contract.kinds import Completions, declared
-
-log = logging.getLogger(__name__)
 
 
 @dataclass
