@@ -6,6 +6,7 @@ and the floor.
     python benchmarks/race.py --workloads W1 --rounds 1 --steps 6-20
     python benchmarks/race.py --quick                          # a smoke run: every workload, a few steps
     python benchmarks/race.py --profile --workloads W1,W2      # where a step's time goes, phase by phase
+    python benchmarks/race.py --profile --sides grpo_kit,bare  # the same, for some of the sides only
     python benchmarks/race.py --resume /tmp/grpo_kit-race-XXXX  # go on with a race that was killed
 
 What is measured. Each workload trains, from the same saved model, with the same settings, in three kinds of fresh
@@ -1109,6 +1110,9 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="a smoke run: one round of a few steps")
     parser.add_argument("--profile", action="store_true", help="one run per side with per-phase timings instead")
     parser.add_argument(
+        "--sides", default=",".join(SIDES), help=f"with --profile: comma-separated, some of {', '.join(SIDES)}"
+    )
+    parser.add_argument(
         "--threads",
         type=int,
         default=1,
@@ -1154,6 +1158,11 @@ def main() -> None:
     unknown = [name for name in names if name not in WORKLOADS]
     if unknown:
         parser.error(f"unknown workloads {unknown}: choose from {', '.join(WORKLOADS)}")
+    sides = [side.strip() for side in args.sides.split(",")]
+    if set(sides) - set(SIDES) or not sides:
+        parser.error(f"--sides {args.sides}: choose from {', '.join(SIDES)}")
+    if sides != list(SIDES) and not args.profile:
+        parser.error("--sides is for --profile: the race's table compares every side")
     rounds = 1 if args.quick or args.profile else args.rounds
     ranges = {}
     for name in names:
@@ -1177,11 +1186,11 @@ def main() -> None:
             build_model(model_path(workload, workdir))
         if not prompts_path(workload, workdir).exists():
             (write_real_prompts if workload.real_shape else write_prompts)(prompts_path(workload, workdir))
-    records = {name: {side: [] for side in SIDES} for name in names}
+    records = {name: {side: [] for side in sides} for name in names}
     for round_number in range(1, rounds + 1):
         for name in names:
             workload, (_, last) = WORKLOADS[name], ranges[name]
-            for side in SIDES:
+            for side in sides:
                 label = f"{name}-{side}-{round_number}"
                 # A finished run's record is kept, so that --resume goes on from the first run not finished.
                 finished = workdir / f"{label}.finished.json"

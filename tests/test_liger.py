@@ -297,3 +297,15 @@ def test_a_run_with_liger_takes_the_plain_runs_first_step(digits_registry, tiny_
     # One step's numbers agree; later ones stray by Adam's amplification of ~1e-8 differences in tiny gradients.
     for key in ("loss", "grad_norm", "kl", "entropy", "clip_ratio/region_mean"):
         assert first_steps["liger"][key] == pytest.approx(first_steps["full"][key], abs=TOLERANCE), key
+
+
+@needs_liger
+def test_the_check_against_the_plain_objective_draws_only_from_its_own_seeded_generator(registry):
+    # Its seeded CPU generator makes the check the same on every device (a CUDA tensor refuses a CPU generator, which
+    # broke it on the GPU); drawing from the global stream would shift a run's sampling once Liger checks a setting.
+    liger, _ = liger_and_plain(registry, ["+loss=dapo"])
+    batch = random_micro_batch(vocab_size=32)
+    reduction = half_a_generation_batch(batch, liger.objective.max_completion_length)
+    global_stream = torch.random.get_rng_state()
+    assert liger.fused.batch_reason(batch, reduction) is None
+    assert torch.equal(torch.random.get_rng_state(), global_stream), "the check drew from torch's global generator"

@@ -8,35 +8,13 @@
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 results=${OUT:-$(mktemp -d /tmp/grpo_kit-gpu-XXXX)}
-wheels=benchmarks/gpu/wheels
 python=${PYTHON:-python3}
 export PYTHONUNBUFFERED=1
 started=$SECONDS
 stage() { echo; echo "== $1 ($((SECONDS - started)) s)"; }
 
-stage "install from $wheels, no index"
-requirements=$(grep -v '^#' benchmarks/gpu/wheels.txt | grep -v '^$')
-if ls $wheels/transformers-*.whl >/dev/null 2>&1; then  # carried by TRANSFORMERS=... fetch_wheels.sh
-    requirements+=" transformers==$(basename $wheels/transformers-*.whl | cut -d- -f2)"
-fi
-plugins=$(for plugin in plugins/grpo_kit_*/; do echo "-e ${plugin%/}"; done)
-# --no-deps: everything else is the machine's own (pip check below lists what disagrees with a requirement)
-$python -m pip install --quiet --no-index --no-deps --find-links $wheels $requirements || exit 1
-$python -m pip install --quiet --no-index --no-deps --no-build-isolation -e . $plugins || exit 1
-$python -m pip check | grep -v "^No broken" | tee "$results/pip-check.txt"
-$python - <<'EOF' | tee "$results/versions.txt" || exit 1
-import importlib.metadata as metadata
-import torch
-import grpo_kit, trl, datasets, hydra, math_verify  # noqa: F401, E401: each import must work
-def version(name):
-    try:
-        return metadata.version(name)
-    except metadata.PackageNotFoundError:
-        return "absent"
-names = ["torch", "transformers", "accelerate", "trl", "liger-kernel", "triton", "datasets", "peft", "grpo-kit"]
-print(", ".join(f"{name} {version(name)}" for name in names))
-print("GPU:", torch.cuda.get_device_name() if torch.cuda.is_available() else "none")
-EOF
+stage "install from benchmarks/gpu/wheels, no index"
+source benchmarks/gpu/install.sh || exit 1
 cuda=$($python -c "import torch; print(int(torch.cuda.is_available()))")
 
 stage "gpu-marked tests"

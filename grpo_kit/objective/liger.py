@@ -163,8 +163,11 @@ class FusedGRPOLoss:
         lengths[0] = length - 1  # at least one padded completion: losses differ in how they treat padding
         mask = (torch.arange(length) < lengths.unsqueeze(1)).long().to(device)
         hidden = random(batch_size, length, width).requires_grad_()
-        head = torch.nn.Linear(width, vocab, bias=False).to(device)
-        torch.nn.init.normal_(head.weight, generator=generator)
+        # Every draw is from the seeded CPU generator, then moved: the probe is the same on any device (a CUDA
+        # tensor refuses a CPU generator), and the run's global random stream is left as it was.
+        head = torch.nn.utils.skip_init(torch.nn.Linear, width, vocab, bias=False, device=device)
+        with torch.no_grad():
+            head.weight.copy_(random(vocab, width))
         probe = {
             "completion_ids": torch.randint(vocab, (batch_size, length), generator=generator).to(device),
             "completion_mask": mask,
