@@ -10,10 +10,11 @@ from grpo_kit.contract.errors import ConfigError
 
 @dataclass
 class TransformersGenerationConfig(GenerationConfig):
-    # lean: grpo_kit's own sampling loop (sampling.py), which samples what `generate` samples, for less;
-    # generate: transformers' `model.generate`, with all its options.
-    loop: str = "lean"
-    cache_implementation: str | None = None  # loop=generate only: e.g. "static"; None: the dynamic KV cache
+    # lean: grpo_kit's own sampling loop (sampling.py), which samples what `generate` samples, for less on a CPU;
+    # generate: transformers' `model.generate`, with all its options; auto: lean on a CPU, generate on a GPU, where
+    # the lean loop was measured slower (benchmarks/gpu/README.md, "Profile").
+    loop: str = "auto"
+    cache_implementation: str | None = None  # loop=generate (or auto on a GPU): e.g. "static"; None: dynamic
     generation_kwargs: Any = None  # a dict of GenerationConfig fields, applied last: it overrides the ones above too
     merge_lora: bool = False  # generate from a copy with the LoRA adapters merged into the weights
     # DeepSpeed ZeRO-3 only: gather the whole model for generation (fast); false gathers layer by layer, for a model
@@ -21,8 +22,8 @@ class TransformersGenerationConfig(GenerationConfig):
     ds3_gather_for_generation: bool = True
 
     def __post_init__(self):
-        if self.loop not in ("lean", "generate"):
-            raise ConfigError(f"generation.loop={self.loop!r} must be lean or generate.")
+        if self.loop not in ("auto", "lean", "generate"):
+            raise ConfigError(f"generation.loop={self.loop!r} must be auto, lean or generate.")
         if self.cache_implementation is not None and self.loop == "lean":
             raise ConfigError(
                 f"generation.cache_implementation={self.cache_implementation!r} chooses the KV cache of transformers' "

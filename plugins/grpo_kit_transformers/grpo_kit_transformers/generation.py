@@ -1,8 +1,9 @@
 """transformers: completions from the policy itself, in the training process.
 
-By default they come from a lean sampling loop (sampling.py) that samples exactly what `model.generate` samples,
-for less time; `generation.loop=generate` calls `model.generate` itself, as do runs whose weights are sharded and
-settings the lean loop does not cover (it says which, once).
+On a CPU they come by default from a lean sampling loop (sampling.py) that samples exactly what `model.generate`
+samples, for less time. On a GPU, where it was measured slower, and with `generation.loop=generate`, they come from
+`model.generate` itself, as they do for runs whose weights are sharded and settings the lean loop does not cover
+(it says which, once).
 
 Nothing has to be pushed after an optimizer step: the generator samples from the very weights being trained. A
 LoRA policy may instead generate from a merged copy (`generation.merge_lora=true`), whose weights are refreshed
@@ -73,7 +74,9 @@ class TransformersGeneration:
         # The logits after temperature, top-k and top-p are the sampling distribution: kept for a rollout correction.
         self.generation_config_with_scores = copy.deepcopy(self.generation_config)
         self.generation_config_with_scores.output_scores = True
-        self.lean = self.config.loop == "lean"
+        self.lean = self.config.loop == "lean" or (self.config.loop == "auto" and accelerator.device.type == "cpu")
+        if self.config.loop == "auto" and self.config.cache_implementation is not None:
+            self.lean = False  # a KV cache of generate's own was asked for
         if self.lean:
             reason = "the weights are sharded" if weights_are_sharded(accelerator) else None
             reason = reason or why_not_lean(accelerator.unwrap_model(model), self.generation_config)

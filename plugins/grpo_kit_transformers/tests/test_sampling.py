@@ -208,10 +208,26 @@ def test_a_cache_for_generate_is_refused_with_the_lean_loop():
     from grpo_kit_transformers.configs import TransformersGenerationConfig
 
     with pytest.raises(ConfigError, match="add generation.loop=generate"):
-        TransformersGenerationConfig(cache_implementation="static")
+        TransformersGenerationConfig(loop="lean", cache_implementation="static")
     assert TransformersGenerationConfig(loop="generate", cache_implementation="static").loop == "generate"
-    with pytest.raises(ConfigError, match="must be lean or generate"):
+    with pytest.raises(ConfigError, match="must be auto, lean or generate"):
         TransformersGenerationConfig(loop="fast")
+
+
+def test_auto_samples_with_the_lean_loop_on_a_cpu_unless_generate_s_cache_is_asked_for(tmp_path):
+    from accelerate import Accelerator
+
+    from grpo_kit.testing.models import build_tiny_model
+    from grpo_kit_transformers.configs import TransformersGenerationConfig
+    from grpo_kit_transformers.generation import TransformersGeneration
+
+    directory = build_tiny_model(tmp_path)
+    model, tokenizer = AutoModelForCausalLM.from_pretrained(directory), AutoTokenizer.from_pretrained(directory)
+    for cache_implementation, lean in ((None, True), ("static", False)):
+        config = TransformersGenerationConfig(max_completion_length=4, cache_implementation=cache_implementation)
+        generation = TransformersGeneration(config)
+        generation.start(model, tokenizer, Accelerator(cpu=True))
+        assert config.loop == "auto" and generation.lean == lean
 
 
 def test_it_calls_the_model_without_deprecated_arguments(model_and_prompts):
