@@ -24,6 +24,7 @@ from grpo_kit.contract.kinds import (
     LigerLoss,
     Loss,
     LossInputs,
+    PromptImages,
     Reduction,
     Reward,
     RewardConfig,
@@ -42,6 +43,7 @@ _IMPORTED_ON_USE = {
     "eos_mask": "grpo_kit.contract.eos",
     "eos_token_ids": "grpo_kit.contract.eos",
     "is_truncated": "grpo_kit.contract.eos",
+    "load_processor_at": "grpo_kit.model.loading",
     "train": "grpo_kit.training.loop",
 }
 
@@ -66,6 +68,7 @@ __all__ = [
     "Loss",
     "LossInputs",
     "PluginError",
+    "PromptImages",
     "Reduction",
     "Registry",
     "Reward",
@@ -83,5 +86,6 @@ __all__ = [
     "eos_token_ids",
     "hookimpl",
     "is_truncated",
+    "load_processor_at",
     "train",
 ]

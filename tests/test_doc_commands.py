@@ -55,6 +55,7 @@ SKIPPED = {
     "generation.base_url=http://NODE_B:8000": ELIDED,
     "python -m grpo_kit +reward=python reward.python.function=trl.rewards:think_format_reward": CHAT_ONLY,
     "python -m grpo_kit +reward=reward_model reward.reward_model.path=Skywork/Skywork-Reward-V2-Qwen3-0.6B": HUB,
+    "python -m grpo_kit +reward=accuracy model.name_or_path=Qwen/Qwen2.5-VL-3B-Instruct data.path=rows.jsonl": HUB,
     "python -m grpo_kit +reward=judge reward.judge.base_url=http://localhost:8001 "
     "reward.judge.model=Qwen/Qwen3-8B": VLLM,
     "python -m grpo_kit +reward=code_execution model.name_or_path=... data.path=...": ELIDED,

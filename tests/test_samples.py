@@ -78,6 +78,15 @@ def test_chat_messages_are_shown_by_role(tmp_path):
     assert lines(tmp_path)[0]["completion"] == [{"role": "assistant", "content": "<b>2</b>"}]
 
 
+def test_a_message_of_image_and_text_parts_shows_its_images_in_place(tmp_path):
+    log = SampleLog(tmp_path, every=1, max_rows=1)
+    prompt = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "how many?"}]}]
+    log.record(
+        0, [prompt] * 4, [[{"role": "assistant", "content": "3"}]] * 4, REWARDS, ["accuracy", "format"], ADVANTAGES
+    )
+    assert "[user] [image] how many?" in (tmp_path / "samples.html").read_text()
+
+
 def test_a_tool_call_is_shown_in_its_assistant_turn(tmp_path):
     log = SampleLog(tmp_path, every=1, max_rows=1)
     call = {"type": "function", "function": {"name": "add", "arguments": {"a": 2, "b": 3}}}

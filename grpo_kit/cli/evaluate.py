@@ -73,6 +73,7 @@ def evaluate(cfg, target, registry) -> dict[str, float]:
     from grpo_kit.rollout.rollout import Rollout
     from grpo_kit.rollout.scoring import Scorer
     from grpo_kit.training.builders import build_custom_rollout, build_rewards, build_tool_use
+    from grpo_kit.training.vision import image_prompts
 
     eval_sets = load_eval_sets(cfg.eval, cfg.data)
     if not eval_sets:
@@ -84,6 +85,7 @@ def evaluate(cfg, target, registry) -> dict[str, float]:
     for dataset in eval_sets.values() if cfg.rollout is None else ():
         check_reward_columns(rewards, dataset, OmegaConf.to_container(cfg.reward, resolve=True))
     generation = registry.build("generation", cfg.generation.name, options(cfg.generation))
+    images = image_prompts(cfg, list(eval_sets.values()), generation)
     accelerator = Accelerator(mixed_precision=resolve_mixed_precision(cfg.trainer.mixed_precision))
     model, tokenizer = load_model(cfg.model)
     if target.state is not None:
@@ -119,6 +121,7 @@ def evaluate(cfg, target, registry) -> dict[str, float]:
                 eos_token_ids=eos,
                 tool_use=build_tool_use(cfg, registry, tokenizer, generation, accelerator, eos),
                 custom=build_custom_rollout(cfg, registry),
+                images=images,
             )
             return Evaluator(eval_sets, rollout, cfg.eval, cfg.seed, target.step, accelerator)(target.step)
         finally:

@@ -85,7 +85,10 @@ class ModelConfig:
     length_groups: bool = True  # a micro-batch of mixed completion lengths as two passes, each cut to its longest
     cpu_chunked_attention: bool = True  # a CPU model's SDPA causal attention in chunks of 64 queries
     lora: LoraConfig = field(default_factory=LoraConfig)
-    embedded: str = "sums"  # which embedded model name_or_path=null builds: sums, or tool_use (calls a calculator)
+    # A vision-language model's image encoder (docs/vision.md): true trains it (LoRA: adapters on it too), false
+    # keeps it as loaded; auto trains it in full fine-tuning (as TRL does) and keeps it under LoRA.
+    train_vision_tower: Any = "auto"
+    embedded: str = "sums"  # which embedded model name_or_path=null builds: sums, tool_use (calls a calculator), vision
 
 
 @dataclass
@@ -98,7 +101,8 @@ class DataConfig:
     # tool turns): data.chat_template_kwargs={enable_thinking:false} for Qwen3. `Any`: its keys are free.
     chat_template_kwargs: Any = None
     num_examples: int = 2000  # size of the embedded task
-    embedded: str = "sums"  # which embedded task path=null generates: sums, or tool_use (2-digit sums as chat)
+    # Which embedded task path=null generates: sums, tool_use (2-digit sums as chat) or vision (counting squares).
+    embedded: str = "sums"
 
 
 @dataclass
@@ -351,10 +355,17 @@ def with_presets(overrides: list[str]) -> list[str]:
             groups.add(group)
     if "environment" in groups:  # the embedded model that calls tools, on a task it needs them for
         added += [f"{group}={EMBEDDED_TOOL_USE_PRESET}" for group in ("model", "data") if group not in groups]
+    if "model" not in groups and EMBEDDED_VISION_PRESET in _choices(parsed, "data"):  # the model that sees its images
+        added.append(f"model={EMBEDDED_VISION_PRESET}")
     return rewritten + added
 
 
 EMBEDDED_TOOL_USE_PRESET = "embedded_tool_use"  # conf/model/ and conf/data/: chosen by +environment=NAME
+EMBEDDED_VISION_PRESET = "embedded_vision"  # conf/model/: chosen by data=embedded_vision
+
+
+def _choices(overrides: list[Override], group: str) -> list[str]:
+    return [name for override in overrides if override.key_or_group == group for name in _chosen_names(override)]
 
 
 def check_choices(overrides: list[str] | tuple[str, ...], registry: Registry) -> None:

@@ -14,6 +14,7 @@ core reads their fields, so a generation or reward plugin's config extends them.
 # `grpo_kit.compose` import this file without importing torch.
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
@@ -200,6 +201,36 @@ class Completions:
     tool_failures: torch.Tensor | None = None  # (N,)
 
 
+@dataclass
+class PromptImages:
+    """The images of a batch of prompts, for a vision-language policy (docs/vision.md).
+
+    The prompt ids that come with them already hold, for each image, the run of placeholder tokens that the model's
+    processor expands its image token into (Qwen2-VL: one `<|image_pad|>` per merged patch).
+    """
+
+    images: list[list[Any]]  # prompt i's PIL images, in the order its text places them
+    # What the policy's forward pass takes for them, for the whole batch in prompt order, as the model's processor
+    # computed it: Qwen2-VL's `pixel_values` (patches, C) and `image_grid_thw` (images, 3). A backend in this process
+    # hands these to the model (`forward_kwargs`); a backend outside it sends `images`.
+    model_inputs: dict[str, torch.Tensor]
+
+    def forward_kwargs(self, model: Any, input_ids: torch.Tensor) -> dict[str, torch.Tensor]:
+        """What `model`'s forward pass (and `generate`) takes for these images beside the prompts' `input_ids`
+        (N, P), on their device."""
+        moved = {name: tensor.to(input_ids.device) for name, tensor in self.model_inputs.items()}
+        return moved | image_token_types(model, input_ids)
+
+
+def image_token_types(model: Any, input_ids: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Which of `input_ids` (B, W) stand for an image, as a vision-language model of transformers >= 5 reads them
+    to number its multimodal positions (M-RoPE): {"mm_token_type_ids": (B, W)}; nothing for an older one."""
+    inner = model.get_base_model() if hasattr(model, "get_base_model") else model  # under PEFT's wrapper
+    if "mm_token_type_ids" not in inspect.signature(inner.forward).parameters:
+        return {}
+    return {"mm_token_type_ids": (input_ids == inner.config.image_token_id).long()}
+
+
 class Generation(Protocol):
     """Where completions come from: the policy itself, a server, an engine in this process.
 
@@ -215,23 +246,30 @@ class Generation(Protocol):
     # True: it samples with the trained model itself, in this process, so its log-probs are the trainer's up to
     # rounding and algorithm.correct_policy_sampler=false skips the rollout correction (as TRL does without vLLM).
     samples_from_policy: ClassVar[bool] = False
+    # True: `generate` takes `images` (a vision-language policy's prompts); a run with images refuses a backend that
+    # does not declare it. `grpo_kit.testing.contracts.GenerationContract` checks that the images reach the sampler.
+    accepts_images: ClassVar[bool] = False
 
     def __init__(self) -> None: ...
 
     def start(self, model: torch.nn.Module, tokenizer: Any, accelerator: Any) -> None:
         """Called once, after the model is prepared and before the first generation batch."""
 
-    def generate(self, prompt_ids: list[list[int]], with_logprobs: bool = False) -> Completions:
+    def generate(
+        self, prompt_ids: list[list[int]], with_logprobs: bool = False, images: PromptImages | None = None
+    ) -> Completions:
         """One completion for each prompt (prompts arrive already repeated num_generations times, each group's
         members adjacent).
 
-        With `with_logprobs`, also the sampler's log-prob of each completion token (for rollout corrections).
+        With `with_logprobs`, also the sampler's log-prob of each completion token (for rollout corrections). The
+        core passes `images` only to a backend that declares `accepts_images`, and only where the prompts have some.
         """
 
     # Asynchronous generation (algorithm.max_staleness >= 1, docs/async.md) needs a method
-    # `generate_in_background(prompt_ids, with_logprobs=False) -> Completions`: `generate` for this process's prompts
-    # alone, with no collective call (every process asks for its own), so that it may run in a thread while the
-    # training thread trains. The trainer never runs it and `update_weights` at once. None: not supported (refused).
+    # `generate_in_background(prompt_ids, with_logprobs=False, images=None) -> Completions`: `generate` for this
+    # process's prompts alone, with no collective call (every process asks for its own), so that it may run in a
+    # thread while the training thread trains. The trainer never runs it and `update_weights` at once. None: not
+    # supported (refused).
     generate_in_background: ClassVar[Callable | None] = None
 
     def update_weights(self, model: torch.nn.Module, step: int) -> None:

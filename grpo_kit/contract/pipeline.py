@@ -20,6 +20,7 @@ class Run:
     tokenizer: Any
     max_steps: int
     start_step: int = 0  # the step a resumed run starts after
+    processor: Any = None  # a vision-language policy's processor (its tokenizer is `tokenizer`); None for a text one
 
 
 @dataclass

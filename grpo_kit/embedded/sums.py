@@ -10,7 +10,8 @@ Twenty of the hundred sums are held out: neither pretraining nor training ever s
 set (`eval.split=test`), so `eval/reward` measures whether the model learnt to add rather than to recall.
 
 A second embedded model and task teach tool use (`model.embedded=tool_use`, `data.embedded=tool_use`, which
-`+environment=NAME` selects): see grpo_kit/embedded/tool_use.py.
+`+environment=NAME` selects): see grpo_kit/embedded/tool_use.py. A third, a vision-language model, counts squares
+in images (`data=embedded_vision`): see grpo_kit/embedded/vision.py.
 """
 
 import contextlib
@@ -30,6 +31,7 @@ from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
 from grpo_kit.contract.errors import ConfigError
 from grpo_kit.embedded import tool_use as embedded_tool_use
+from grpo_kit.embedded import vision as embedded_vision
 from grpo_kit.embedded.rows import drawn_rows, each_row
 
 CHARACTERS = "0123456789+-*= "
@@ -43,6 +45,8 @@ TRAINING_SUMS = [pair for pair in EVERY_SUM if pair not in HELD_OUT_SUMS]  # wha
 PRETRAIN_STEPS, PRETRAIN_BATCH, PRETRAIN_LR = 300, 128, 3e-3
 RIGHT_ANSWER_RATE = 0.25  # how often the pretraining answer is the right one; otherwise a wrong sum nearby
 STAGING_PREFIX = f".building-{socket.gethostname()}-"  # + a random part + "-PID"
+# Each embedded model and task by name, with the modules beyond this one whose code builds it (its recipe).
+EMBEDDED = {"sums": [], "tool_use": [embedded_tool_use], "vision": [embedded_vision]}
 
 log = logging.getLogger(__name__)
 
@@ -56,8 +60,9 @@ def build_tokenizer() -> PreTrainedTokenizerFast:
 
 
 def task(name: str, num_examples: int) -> list[dict]:
-    """The embedded task `name` (sums or tool_use) with `num_examples` rows."""
-    return {"sums": build_task, "tool_use": embedded_tool_use.build_task}[_known(name, "data")](num_examples)
+    """The embedded task `name` (sums, tool_use or vision) with `num_examples` rows."""
+    builders = {"sums": build_task, "tool_use": embedded_tool_use.build_task, "vision": embedded_vision.build_task}
+    return builders[_known(name, "data")](num_examples)
 
 
 def eval_problems(name: str, split: str) -> list[dict]:
@@ -65,6 +70,7 @@ def eval_problems(name: str, split: str) -> list[dict]:
     splits = {
         "sums": {"test": held_out_problems, "train": training_problems},
         "tool_use": {"test": embedded_tool_use.held_out_problems, "train": embedded_tool_use.training_problems},
+        "vision": {"test": embedded_vision.held_out_problems, "train": embedded_vision.training_problems},
     }[_known(name, "data")]
     if split not in splits:
         raise ConfigError(
@@ -75,8 +81,8 @@ def eval_problems(name: str, split: str) -> list[dict]:
 
 
 def _known(name: str, section: str) -> str:
-    if name not in ("sums", "tool_use"):
-        raise ValueError(f"{section}.embedded={name} is no embedded {section}: choose sums or tool_use.")
+    if name not in EMBEDDED:
+        raise ValueError(f"{section}.embedded={name} is no embedded {section}: choose sums, tool_use or vision.")
     return name
 
 
@@ -96,9 +102,10 @@ def training_problems() -> list[dict]:
 
 
 def model_path(name: str = "sums") -> Path:
-    """The folder (save_pretrained format) of the embedded model `name` (sums or tool_use), built on first use."""
+    """The folder (save_pretrained format) of the embedded model `name` (sums, tool_use or vision), built on first
+    use."""
     cache = Path(os.environ.get("GRPO_KIT_CACHE", Path.home() / ".cache" / "grpo_kit"))
-    recipes = [Path(__file__)] + ([Path(embedded_tool_use.__file__)] if _known(name, "model") == "tool_use" else [])
+    recipes = [Path(__file__)] + [Path(module.__file__) for module in EMBEDDED[_known(name, "model")]]
     recipe = hashlib.sha256(b"".join(p.read_bytes() for p in recipes)).hexdigest()[:12]  # a changed recipe: a new model
     path = cache / (("embedded-model-" if name == "sums" else f"embedded-{name}-model-") + recipe)
     if not (path / "config.json").exists():
@@ -114,7 +121,8 @@ def _build(name: str, path: Path) -> None:
     # Named after this machine and process, so that a later build can tell whether its builder is gone.
     staging = Path(tempfile.mkdtemp(dir=path.parent, prefix=STAGING_PREFIX, suffix=f"-{os.getpid()}"))
     try:
-        model, tokenizer = _pretrain() if name == "sums" else _pretrain_tool_use()
+        pretrain = {"sums": _pretrain, "tool_use": _pretrain_tool_use, "vision": embedded_vision.pretrain}[name]
+        model, tokenizer = pretrain()  # the vision model's "tokenizer" is its processor, which holds one
         model.save_pretrained(staging)
         tokenizer.save_pretrained(staging)
         with contextlib.suppress(OSError):  # another process finished the same build first

@@ -5,13 +5,16 @@ import logging
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText, AutoProcessor, AutoTokenizer
 
 from grpo_kit.config.compose import ModelConfig
+from grpo_kit.contract.errors import ConfigError
 from grpo_kit.contract.lora import has_adapters
 from grpo_kit.embedded import sums as embedded
+from grpo_kit.embedded import vision as embedded_vision
 from grpo_kit.model.fast.switches import SpeedUps, use_speed_ups
 from grpo_kit.model.lora import AdapterFreeReference, add_adapters, check_peft_installed
+from grpo_kit.model.vision import is_vision_language
 
 log = logging.getLogger(__name__)
 
@@ -21,7 +24,7 @@ def load_model(cfg: ModelConfig, checkpointing_kwargs: dict | None = None):
     `checkpointing_kwargs`, the speed-ups its passes take), and its tokenizer."""
     if cfg.lora.enabled:
         check_peft_installed()
-    path = str(Path(cfg.name_or_path).expanduser()) if cfg.name_or_path else embedded.model_path(cfg.embedded)
+    path = model_folder(cfg)
     tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=cfg.trust_remote_code)
     if tokenizer.pad_token is None:
         log.info("The tokenizer has no pad token: padding with its EOS token %r", tokenizer.eos_token)
@@ -29,7 +32,12 @@ def load_model(cfg: ModelConfig, checkpointing_kwargs: dict | None = None):
     # float32 weights unless model_init_kwargs says otherwise, as TRL loads them (transformers alone would keep a
     # bfloat16 checkpoint in bfloat16); mixed precision is trainer.mixed_precision's autocast.
     init_kwargs = {"dtype": torch.float32, "trust_remote_code": cfg.trust_remote_code, **(cfg.model_init_kwargs or {})}
-    model = AutoModelForCausalLM.from_pretrained(path, **init_kwargs)
+    config = AutoConfig.from_pretrained(path, trust_remote_code=cfg.trust_remote_code)
+    model_class = AutoModelForImageTextToText if is_vision_language(config) else AutoModelForCausalLM
+    model = model_class.from_pretrained(path, **init_kwargs)
+    train_vision_tower = trains_vision_tower(cfg) if is_vision_language(config) else True
+    if not train_vision_tower:
+        vision_tower(model).requires_grad_(False)
     if cfg.cast_lm_head_to_fp32:
         cast_lm_head_to_fp32(model)
     if checkpointing_wanted(cfg.gradient_checkpointing, model):
@@ -37,11 +45,60 @@ def load_model(cfg: ModelConfig, checkpointing_kwargs: dict | None = None):
         if cfg.lora.enabled:  # frozen embeddings: reentrant checkpointing would give the adapters no gradient
             model.enable_input_require_grads()
     if cfg.lora.enabled:
-        model = add_adapters(model, cfg.lora)
+        model = add_adapters(model, cfg.lora, exclude=None if train_vision_tower else vision_tower_name(model))
     if cfg.disable_dropout:  # after the adapters, whose own dropout goes too
         disable_dropout(model)
     use_speed_ups(model, SpeedUps(cfg.mask_free_passes, cfg.length_groups, cfg.cpu_chunked_attention))
     return model, tokenizer
+
+
+def model_folder(cfg: ModelConfig) -> str:
+    """The policy's folder: model.name_or_path, or the embedded model's, built on first use."""
+    return str(Path(cfg.name_or_path).expanduser()) if cfg.name_or_path else str(embedded.model_path(cfg.embedded))
+
+
+def load_processor(cfg: ModelConfig):
+    """The policy's processor, which renders its prompts with their images; None for a model that reads text alone."""
+    return load_processor_at(model_folder(cfg), cfg.trust_remote_code)
+
+
+def load_processor_at(path: str | Path, trust_remote_code: bool = False):
+    """The processor saved with the vision-language model in `path` (the embedded one's too, which AutoProcessor
+    does not know); None for a model that reads text alone."""
+    if not is_vision_language(AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)):
+        return None
+    if embedded_vision.saved_by_this_module(path):
+        return embedded_vision.ImageOnlyQwen2VLProcessor.from_pretrained(path)
+    try:
+        return AutoProcessor.from_pretrained(path, trust_remote_code=trust_remote_code)
+    except ImportError as error:  # transformers names the package its processor needs (torchvision, ...)
+        raise ConfigError(
+            f"The processor of {path}, which renders its prompts with their images, cannot be loaded: {error}"
+        ) from None
+
+
+def trains_vision_tower(cfg: ModelConfig) -> bool:
+    """model.train_vision_tower: true, false, or auto (trained in full fine-tuning, as TRL does; kept under LoRA)."""
+    if cfg.train_vision_tower == "auto":
+        return not cfg.lora.enabled
+    if not isinstance(cfg.train_vision_tower, bool):
+        raise ConfigError(f"model.train_vision_tower={cfg.train_vision_tower}: choose true, false or auto.")
+    return cfg.train_vision_tower
+
+
+def vision_tower_name(model: torch.nn.Module) -> str:
+    """The name of a vision-language model's image encoder (Qwen2-VL's `model.visual`, LLaVA's `vision_tower`)."""
+    for module_name, _ in model.named_modules():
+        if module_name.split(".")[-1] in ("visual", "vision_tower", "vision_model"):
+            return module_name
+    raise ConfigError(
+        f"{type(model).__name__} has no module named visual, vision_tower or vision_model to keep as loaded: set "
+        "model.train_vision_tower=true to train every weight."
+    )
+
+
+def vision_tower(model: torch.nn.Module) -> torch.nn.Module:
+    return model.get_submodule(vision_tower_name(model))
 
 
 def checkpointing_wanted(setting, model) -> bool:

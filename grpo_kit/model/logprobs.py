@@ -15,6 +15,7 @@ import contextlib
 
 import torch
 
+from grpo_kit.model import vision
 from grpo_kit.model.fast.causal_attention import chunked_causal_attention_on_cpu
 from grpo_kit.model.fast.chunked_logits import chunked_logps_and_entropies
 from grpo_kit.model.fast.length_groups import in_length_groups
@@ -92,12 +93,14 @@ def model_inputs(
     most `max_shift` (fast/mask_free.py)."""
     input_ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)  # (B, W)
     attention_mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)  # (B, W)
-    if speed_ups(model).mask_free_passes:
+    images = vision.model_kwargs(batch, input_ids, unwrapped(model))
+    # A vision-language model numbers its positions from the attention mask itself (M-RoPE): rows stay in place.
+    if speed_ups(model).mask_free_passes and not images:
         moved = mask_free_inputs(input_ids, attention_mask, unwrapped(model).config.get_text_config(), max_shift)
         if moved is not None:
             return moved
     unmoved = torch.zeros(len(input_ids), dtype=torch.long, device=input_ids.device)
-    return {"input_ids": input_ids, "attention_mask": attention_mask}, unmoved
+    return {"input_ids": input_ids, "attention_mask": attention_mask, **images}, unmoved
 
 
 def completion_columns(shift: torch.Tensor, length: int) -> tuple[torch.Tensor, torch.Tensor]:  # (B, 1), (B, T)

@@ -5,6 +5,7 @@ backend needs of a LoRA policy (`has_adapters`, a merged copy) is in grpo_kit/co
 """
 
 import importlib.util
+import re
 
 import torch
 
@@ -18,13 +19,19 @@ def check_peft_installed() -> None:
         )
 
 
-def add_adapters(model: torch.nn.Module, cfg: LoraConfig) -> torch.nn.Module:
-    """The model with trainable LoRA adapters on `cfg.target_modules` and every other weight frozen."""
+def add_adapters(model: torch.nn.Module, cfg: LoraConfig, exclude: str | None = None) -> torch.nn.Module:
+    """The model with trainable LoRA adapters on `cfg.target_modules` but none inside the module named `exclude`
+    (a vision-language model's image encoder), and every other weight frozen."""
     import peft
 
     target_modules = cfg.target_modules if isinstance(cfg.target_modules, str) else list(cfg.target_modules)
     config = peft.LoraConfig(
-        r=cfg.r, lora_alpha=cfg.alpha, lora_dropout=cfg.dropout, target_modules=target_modules, task_type="CAUSAL_LM"
+        r=cfg.r,
+        lora_alpha=cfg.alpha,
+        lora_dropout=cfg.dropout,
+        target_modules=target_modules,
+        exclude_modules=None if exclude is None else rf"{re.escape(exclude)}\..*",
+        task_type="CAUSAL_LM",
     )
     return peft.get_peft_model(model, config)
 

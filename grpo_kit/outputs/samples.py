@@ -138,7 +138,14 @@ def _message(message: dict) -> str:
     empty (grpo_kit/rollout/tool_use.py)."""
     calls = [call.get("function", call) for call in message.get("tool_calls") or []]
     shown = [f"[tool call] {call.get('name', '?')}({_arguments(call.get('arguments'))})" for call in calls]
-    return " ".join([f"[{message.get('role', '?')}]", *filter(None, [message.get("content")]), *shown])
+    return " ".join([f"[{message.get('role', '?')}]", *filter(None, [_content(message.get("content"))]), *shown])
+
+
+def _content(content) -> str | None:
+    """A message's content: text, or a list of parts (a vision-language prompt's), each image shown as [image]."""
+    if not isinstance(content, list):
+        return content
+    return " ".join(part.get("text", "") if part.get("type") == "text" else f"[{part.get('type')}]" for part in content)
 
 
 def _arguments(arguments) -> str:

@@ -18,6 +18,7 @@ from grpo_kit.contract.errors import PluginError
 from grpo_kit.contract.kinds import Completions, CustomRollout, Generation, RolloutResult
 from grpo_kit.contract.pipeline import Run, ScoredBatch
 from grpo_kit.rollout.ahead import Generated, GenerationAhead
+from grpo_kit.rollout.images import ImagePrompts
 from grpo_kit.rollout.prompts import PromptSampler, is_conversational, prompt_text
 from grpo_kit.rollout.replay import RolloutRecorder, RolloutReplay
 from grpo_kit.rollout.scoring import Scorer
@@ -56,6 +57,7 @@ class Rollout:
     tool_use: ToolUse | None = None  # multi-turn generation with tools (+environment=NAME, tools=[...])
     custom: CustomRollout | None = None  # a rollout plugin's generation instead (+rollout=NAME)
     ahead: GenerationAhead | None = None  # asynchronous generation: batches generated while the trainer trains
+    images: ImagePrompts | None = None  # a vision-language policy's processor, for prompts with images
 
     def __call__(self, run: Run, num_prompts: int, version: int) -> "Rollouts":
         """This process's next `num_prompts` prompts, generated, scored and given their advantages; `version`: the
@@ -131,6 +133,12 @@ class Rollout:
             # As TRL does, every reward may read the completions' environments, as their episodes left them.
             columns = {"environments": self.tool_use.environments[: len(rows)]} if self.tool_use.environment else {}
             return turns.prompt_ids, turns.completions, turns.generated, columns
+        if self.images is not None:  # a vision-language policy: its processor renders the prompts with their images
+            prompt_ids, images = self.images.encode(rows)
+            with_images = {"images": images} if images is not None else {}
+            generated = generate(prompt_ids, with_logprobs=self.with_logprobs, **with_images)
+            generated = self.images.cut_at_placeholders(generated, self.tokenizer.pad_token_id)
+            return prompt_ids, self._decoded(rows, generated), generated, {}
         prompt_texts = [prompt_text(self.tokenizer, row["prompt"]) for row in rows]
         prompt_ids = self.tokenizer(prompt_texts, add_special_tokens=False).input_ids  # one call for the batch
         generated = generate(prompt_ids, with_logprobs=self.with_logprobs)
@@ -163,6 +171,8 @@ class Rollout:
             batch["sampling_per_token_logps"] = generated.sampling_per_token_logps
         if generated.tool_mask is not None:
             batch["tool_mask"] = generated.tool_mask  # (N, T)
+        if self.images is not None:
+            batch |= self.images.row_tensors(scored.rows)  # pixel_values (N, P, C), image_grid_thw (N, I, 3)
         return batch
 
     def _gather(self, tensor: torch.Tensor) -> torch.Tensor:

@@ -55,6 +55,7 @@ from grpo_kit.contract.kinds import (
     Completions,
     GenerationConfig,
     LossInputs,
+    PromptImages,
     Reduction,
     declared,
 )
@@ -876,18 +877,63 @@ class GenerationContract(PluginContract):
         finally:
             greedy.close()
 
+    def test_images_reach_the_sampler(self, contract_case, plugin_config, tmp_path_factory):
+        """A backend that declares `accepts_images` samples from the prompts' images: with top_k=1 its completions
+        are those a tiny Qwen2-VL decodes greedily from the same prompts and pixels, and they change with the
+        image (the same prompt with two different images)."""
+        plugin = contract_case.registry.build(
+            contract_case.kind, contract_case.name, dataclasses.replace(plugin_config, top_k=1)
+        )
+        if not declared(plugin, "generation", "accepts_images"):
+            pytest.skip("the backend does not declare accepts_images: runs with images refuse it")
+        from accelerate import Accelerator
+        from PIL import Image
+        from transformers import AutoModelForImageTextToText
 
-def _greedy_completions(model, tokenizer, prompt_ids, max_completion_length) -> list[list[int]]:
+        from grpo_kit.embedded.vision import ImageOnlyQwen2VLProcessor
+        from grpo_kit.rollout.images import ImagePrompts
+        from grpo_kit.testing.models import build_tiny_vision_model
+
+        directory = build_tiny_vision_model(tmp_path_factory.mktemp("generation-contract-vision-model"))
+        model = AutoModelForImageTextToText.from_pretrained(directory).eval()
+        processor = ImageOnlyQwen2VLProcessor.from_pretrained(directory)
+        question = [{"role": "user", "content": "how many squares?"}]
+        noise = torch.Generator().manual_seed(0)
+        pictures = [
+            Image.fromarray(torch.randint(0, 256, (56, 56, 3), generator=noise, dtype=torch.uint8).numpy())
+            for _ in range(6)
+        ]
+        rows = [{"prompt": question, "image": picture} for picture in pictures]
+        prompt_ids, images = ImagePrompts(processor, "a tiny Qwen2-VL").encode(rows)
+        plugin.start(model, processor.tokenizer, Accelerator(cpu=True))
+        try:
+            completions = _completion_tokens(plugin.generate(prompt_ids, images=images))
+        finally:
+            plugin.close()
+        expected = _greedy_completions(
+            model, processor.tokenizer, prompt_ids, plugin_config.max_completion_length, images
+        )
+        assert completions == expected, f"with top_k=1, the model's greedy completions from these images: {expected}"
+        assert len({tuple(tokens) for tokens in completions}) > 1, (
+            f"one prompt with {len(pictures)} different images gave the same completions {completions}: the images "
+            "do not reach the sampler"
+        )
+
+
+def _greedy_completions(model, tokenizer, prompt_ids, max_completion_length, images=None) -> list[list[int]]:
     """The model's own greedy completions (transformers' generate, one prompt at a time), up to the first EOS."""
     eos = eos_token_ids(model, tokenizer)
     completions = []
-    for ids in prompt_ids:
+    for row, ids in enumerate(prompt_ids):
+        input_ids = torch.tensor([ids], device=model.device)
+        with_images = {} if images is None else _row_images(images, row).forward_kwargs(model, input_ids)
         out = model.generate(
-            torch.tensor([ids], device=model.device),
+            input_ids,
             do_sample=False,
             max_new_tokens=max_completion_length,
             pad_token_id=tokenizer.pad_token_id,
             eos_token_id=eos,
+            **with_images,
         )
         completion = out[0, len(ids) :].tolist()
         ends = [position for position, token in enumerate(completion) if token in eos]
@@ -1040,3 +1086,19 @@ _CONTRACT_OF_KIND = {
     "environment": EnvironmentContract.__name__,
     "rollout": RolloutContract.__name__,
 }
+
+
+def _row_images(images: PromptImages, row: int) -> PromptImages:
+    """The images of prompt `row` alone (Qwen2-VL's layout: each image's grid, and its patches in order)."""
+    grids = images.model_inputs["image_grid_thw"]  # (images, 3)
+    first = sum(len(row_images) for row_images in images.images[:row])
+    count = len(images.images[row])
+    patches = grids.prod(dim=-1)  # (images,)
+    start, stop = int(patches[:first].sum()), int(patches[: first + count].sum())
+    return PromptImages(
+        [images.images[row]],
+        {
+            "pixel_values": images.model_inputs["pixel_values"][start:stop],
+            "image_grid_thw": grids[first : first + count],
+        },
+    )

@@ -23,6 +23,28 @@ def build_tiny_model(
     return _save(directory, model, tokenizer)
 
 
+def build_tiny_vision_model(
+    directory: str | Path, seed: int = 0, initializer_range: float = 0.5, **text_config
+) -> Path:
+    """Save an untrained tiny Qwen2-VL (two decoder layers of width 32, one vision block) and its processor: the
+    embedded vision-language model's architecture (grpo_kit/embedded/vision.py), from `seed`. Its weights are drawn
+    wider than transformers' 0.02, so that different images lead it to different greedy completions."""
+    from transformers import Qwen2VLForConditionalGeneration
+
+    from grpo_kit.embedded import vision
+
+    processor = vision.build_processor()
+    config = vision.model_config(processor.tokenizer, **text_config)
+    for part in (config, config.text_config, config.vision_config):
+        part.initializer_range = initializer_range
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = Qwen2VLForConditionalGeneration(config)
+    model.generation_config.pad_token_id = processor.tokenizer.pad_token_id
+    model.generation_config.eos_token_id = processor.tokenizer.eos_token_id
+    return _save(directory, model, processor)
+
+
 def build_tiny_reward_model(directory: str | Path, seed: int = 0, chat_template: str | None = None) -> Path:
     """Save an untrained one-layer Qwen2 sequence classifier (one score per text) and its tokenizer."""
     model, tokenizer = _tiny(

@@ -26,7 +26,7 @@ def save_step(session, state, weights_only: bool = False) -> None:
         model = session.optimization.model
         weights = accelerator.get_state_dict(model)  # every process: FSDP and ZeRO-3 gather the whole weights
         write = functools.partial(
-            write_weights, model=accelerator.unwrap_model(model), weights=weights, tokenizer=session.run.tokenizer
+            write_weights, model=accelerator.unwrap_model(model), weights=weights, tokenizer=saved_processor(session)
         )
     else:
         checkpoint_state = state.state_dict(accelerator)  # on every process: it gathers their own parts
@@ -54,12 +54,12 @@ def resume(session, state, checkpoint) -> None:
 
 
 def save_model(session) -> None:
-    """The trained model and its tokenizer in RUN_DIR/model."""
+    """The trained model and its tokenizer (or processor) in RUN_DIR/model."""
     model, accelerator, directory = session.optimization.model, session.accelerator, session.run_dir / "model"
     weights = accelerator.get_state_dict(model)  # every process: FSDP and ZeRO-3 gather the whole weights
     if accelerator.is_main_process:
         accelerator.unwrap_model(model).save_pretrained(directory, state_dict=weights)
-        session.run.tokenizer.save_pretrained(directory)
+        saved_processor(session).save_pretrained(directory)
         log.info(
             "Model saved to %s (load it with from_pretrained, or train on from it with model.name_or_path=%s)",
             directory.resolve(),
@@ -75,3 +75,9 @@ def saved_and_stopped(error: GenerationUnavailable, session, state) -> Generatio
         f"{error}\nA checkpoint of step {state.step} is saved; once generation works again, resume with:\n"
         f"  {resume_command(session.run_dir)}"
     )
+
+
+def saved_processor(session):
+    """What turns the model's inputs into tokens, saved beside its weights: a vision-language model's processor (which
+    holds its tokenizer), else its tokenizer."""
+    return session.run.processor or session.run.tokenizer

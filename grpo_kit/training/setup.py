@@ -53,6 +53,7 @@ from grpo_kit.training.optimization import Optimization
 from grpo_kit.training.optimizers import build_optimizer, build_scheduler, check_optimization
 from grpo_kit.training.saving import resume
 from grpo_kit.training.state import TrainState
+from grpo_kit.training.vision import image_prompts
 
 log = logging.getLogger(__name__)
 
@@ -121,6 +122,7 @@ def setup(cfg: DictConfig, run_dir: Path, registry: Registry) -> tuple[Session, 
         (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
     set_seed(cfg.seed)
 
+    images = image_prompts(cfg, every_prompt_set, generation)  # reads every image now: a bad one fails here
     model, tokenizer = load_model(cfg.model, t.gradient_checkpointing_kwargs)
     use_torch_threads(t.torch_threads, model.config)
     use_chat_template_kwargs(tokenizer, OmegaConf.to_container(cfg.data, resolve=True)["chat_template_kwargs"])
@@ -208,6 +210,7 @@ def setup(cfg: DictConfig, run_dir: Path, registry: Registry) -> tuple[Session, 
             recorder=RolloutRecorder(run_dir) if cfg.rollouts.save else None,
             tool_use=build_tool_use(cfg, registry, tokenizer, generation, accelerator, eos),
             custom=build_custom_rollout(cfg, registry),
+            images=images,
         )
         batches = GenerationBatches(
             rollout,
@@ -226,7 +229,7 @@ def setup(cfg: DictConfig, run_dir: Path, registry: Registry) -> tuple[Session, 
             cfg,
             run_dir,
             accelerator,
-            Run(cfg, run_dir, accelerator, model, tokenizer, max_steps),
+            Run(cfg, run_dir, accelerator, model, tokenizer, max_steps, processor=images.processor if images else None),
             batches,
             optimization,
             resources,

@@ -14,6 +14,8 @@ Switch: model.length_groups=false always runs one pass. Figures: benchmarks/READ
 import torch
 from torch import nn
 
+from grpo_kit.model.vision import VISION_COLUMNS
+
 MIN_SAVING = 0.2  # two forward passes instead of one where they cover at least this share fewer positions
 
 
@@ -48,6 +50,7 @@ def in_length_groups(forward, batch: dict[str, torch.Tensor]):
                     "prompt_mask": batch["prompt_mask"][rows],
                     "completion_ids": completion_ids[rows, :width],
                     "completion_mask": batch["completion_mask"][rows, :width],
+                    **{name: batch[name][rows] for name in VISION_COLUMNS if name in batch},
                 }
             )
         )

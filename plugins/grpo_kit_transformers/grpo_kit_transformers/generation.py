@@ -2,8 +2,8 @@
 
 On a CPU they come by default from a lean sampling loop (sampling.py) that samples exactly what `model.generate`
 samples, for less time. On a GPU, where it was measured slower, and with `generation.loop=generate`, they come from
-`model.generate` itself, as they do for runs whose weights are sharded and settings the lean loop does not cover
-(it says which, once).
+`model.generate` itself, as they do for runs whose weights are sharded, prompts with images and settings the lean
+loop does not cover (it says which, once).
 
 Nothing has to be pushed after an optimizer step: the generator samples from the very weights being trained. A
 LoRA policy may instead generate from a merged copy (`generation.merge_lora=true`), whose weights are refreshed
@@ -23,7 +23,7 @@ import torch
 import transformers
 from accelerate.utils import DistributedType
 
-from grpo_kit import Completions, eos_mask, eos_token_ids, is_truncated
+from grpo_kit import Completions, PromptImages, eos_mask, eos_token_ids, is_truncated
 from grpo_kit.contract.distributed import weights_are_sharded
 from grpo_kit.contract.lora import has_adapters, merged_copy, refresh_merged_copy
 from grpo_kit_transformers.configs import TransformersGenerationConfig
@@ -33,6 +33,8 @@ log = logging.getLogger(__name__)
 
 
 class TransformersGeneration:
+    accepts_images = True  # a vision-language policy's images reach `generate` as its processor's tensors
+
     def __init__(self, config: TransformersGenerationConfig):
         self.config = config
 
@@ -85,11 +87,16 @@ class TransformersGeneration:
                 self.lean = False
 
     @torch.no_grad()
-    def generate(self, prompt_ids, with_logprobs=False):
+    def generate(self, prompt_ids, with_logprobs=False, images: PromptImages | None = None):
         prompts = self.tokenizer.pad({"input_ids": prompt_ids}, padding_side="left", return_tensors="pt")
         prompts = prompts.to(self.accelerator.device)
         model = self.accelerator.unwrap_model(self.model) if self.merged is None else self.merged
-        if self.lean:
+        if images is not None:
+            # `generate` numbers a vision-language model's positions over the image tokens (M-RoPE), which the lean
+            # loop's plain positions do not.
+            prompts |= images.forward_kwargs(model, prompts["input_ids"])
+            completion_ids, sampling_logps = self._generate(model, prompts, with_logprobs)
+        elif self.lean:
             completion_ids, sampling_logps = sample(
                 model, prompts["input_ids"], prompts["attention_mask"], self.generation_config, with_logprobs
             )
