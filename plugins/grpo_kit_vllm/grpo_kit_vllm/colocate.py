@@ -13,14 +13,16 @@ policy before the next generation.
 
 import os
 import socket
+from typing import ClassVar
 
 import torch
 
-from grpo_kit import Completions, eos_token_ids
+from grpo_kit import Completions, PromptImages, eos_token_ids
 from grpo_kit.contract.distributed import weights_are_sharded
 from grpo_kit.contract.errors import ConfigError
 from grpo_kit_vllm.completions import Sample, sampling, sampling_fields, to_completions
 from grpo_kit_vllm.config import VLLMColocateConfig
+from grpo_kit_vllm.images import collapse_image_placeholders, image_token_id
 from grpo_kit_vllm.weights import base_model_path, named_weights
 
 
@@ -37,6 +39,8 @@ def import_vllm():
 
 
 class VLLMColocateGeneration:
+    accepts_images: ClassVar[bool] = True
+
     def __init__(self, config: VLLMColocateConfig):
         self.config = config
 
@@ -78,18 +82,23 @@ class VLLMColocateGeneration:
     sampling = sampling
 
     @torch.no_grad()
-    def generate(self, prompt_ids: list[list[int]], with_logprobs: bool = False) -> Completions:
-        every = [prompt_ids]
+    def generate(
+        self, prompt_ids: list[list[int]], with_logprobs: bool = False, images: PromptImages | None = None
+    ) -> Completions:
+        # The engine processes the images itself (its processor rebuilds the pixel values): it takes them as PIL
+        # images, not the trainer's `images.model_inputs`.
+        prompts = list(zip(prompt_ids, images.images if images is not None else [[] for _ in prompt_ids]))
+        every = [prompts]
         if self.tp_group is not None:  # the group's engine generates for all its processes' prompts
             every = [None] * self.config.tensor_parallel_size
-            torch.distributed.all_gather_object(every, prompt_ids, group=self.tp_group)
+            torch.distributed.all_gather_object(every, prompts, group=self.tp_group)
         fields = sampling_fields(self.config, self.eos_token_ids, with_logprobs) | (self.config.generation_kwargs or {})
         if self.config.sleep_level == 2 and "weights" in self.asleep:  # dropped since the last update_weights
             self._wake("weights")
             self._load(self.model)
         self._wake("weights", "kv_cache")
         outputs = self.llm.generate(
-            [{"prompt_token_ids": ids} for prompts in every for ids in prompts],
+            [self._engine_prompt(ids, prompt_images) for prompts in every for ids, prompt_images in prompts],
             self.vllm.SamplingParams(n=1, **fields),
             use_tqdm=False,
         )
@@ -103,6 +112,17 @@ class VLLMColocateGeneration:
         return to_completions(
             samples, self.eos_token_ids, self.tokenizer.pad_token_id, with_logprobs, self.accelerator.device
         )
+
+    def _engine_prompt(self, ids: list[int], images: list) -> dict:
+        """vLLM's TokensPrompt: token ids, and with images `multi_modal_data`, each image's placeholder collapsed
+        to the one token vLLM expands itself (images.py)."""
+        if not images:
+            return {"prompt_token_ids": ids}
+        image_token = image_token_id(self.accelerator.unwrap_model(self.model))
+        return {
+            "prompt_token_ids": collapse_image_placeholders(ids, image_token, len(images)),
+            "multi_modal_data": {"image": list(images)},
+        }
 
     def update_weights(self, model, step: int) -> None:
         self._wake("weights")

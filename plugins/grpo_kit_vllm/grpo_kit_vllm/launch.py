@@ -25,6 +25,7 @@ SERVE_FLAGS = [
     json.dumps({"backend": "nccl"}),
     "--logprobs-mode",
     "processed_logprobs",  # log-probs of the distribution sampled from, after temperature and top-p/k
+    "--enable-scale-out",  # serves /inference/v1/generate, the route of prompts with images
 ]
 
 

@@ -1,6 +1,8 @@
 """vllm_server: completions from a vLLM server over HTTP, and the new weights pushed to it after every step.
 
 The trainer imports no vLLM. Generation is vLLM's OpenAI-compatible `POST /v1/completions` with token-id prompts;
+prompts with images go to its tokens route, `POST /inference/v1/generate` (served with --enable-scale-out), which
+alone takes token ids together with images (docs/generation.md, "Images");
 weight sync is vLLM's RL routes (vllm/entrypoints/rl/online/api_router.py), in the order its NCCL engine expects:
 `/init_weight_transfer_engine` once, then for each sync `/pause` -> `/start_weight_update` -> `/update_weights`
 (names, dtypes and shapes, sent again only when they change) while this process broadcasts the tensors ->
@@ -18,20 +20,30 @@ import logging
 import socket
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import ClassVar
 from urllib.parse import urlencode
 
 import torch
 from accelerate.utils import gather_object
 
-from grpo_kit import Completions, eos_token_ids
+from grpo_kit import Completions, PromptImages, eos_token_ids
 from grpo_kit.contract.distributed import weights_are_sharded
 from grpo_kit.contract.errors import ConfigError, GenerationUnavailable
 from grpo_kit.contract.lora import has_adapters
 from grpo_kit_vllm.alongside import alongside
 from grpo_kit_vllm.client import ServerClient, ServerError
-from grpo_kit_vllm.completions import Sample, plan_requests, sampling, sampling_fields, to_completions
+from grpo_kit_vllm.completions import (
+    GREEDY_TEMPERATURE,
+    Sample,
+    plan_requests,
+    sampling,
+    sampling_fields,
+    to_completions,
+)
 from grpo_kit_vllm.config import VLLMServerConfig
+from grpo_kit_vllm.images import collapse_image_placeholders, data_url, image_token_id
 from grpo_kit_vllm.launch import (
     LaunchedServer,
     host_and_port,
@@ -45,8 +57,13 @@ from grpo_kit_vllm.weights import base_model_path, named_weights
 
 log = logging.getLogger(__name__)
 
+GENERATE_ROUTE = "/inference/v1/generate"  # vLLM's tokens-in, tokens-out route: token ids with images
+MAX_CONCURRENT_REQUESTS = 32  # image prompts go one request each: sent together, so that vLLM batches them
+
 
 class VLLMServerGeneration:
+    accepts_images: ClassVar[bool] = True
+
     def __init__(self, config: VLLMServerConfig):
         self.config = config
         self.server: LaunchedServer | None = None
@@ -182,29 +199,46 @@ class VLLMServerGeneration:
     sampling = sampling
 
     @torch.no_grad()
-    def generate(self, prompt_ids: list[list[int]], with_logprobs: bool = False) -> Completions:
+    def generate(
+        self, prompt_ids: list[list[int]], with_logprobs: bool = False, images: PromptImages | None = None
+    ) -> Completions:
         fields = sampling_fields(self.config, self.eos_token_ids, with_logprobs) | (self.config.generation_kwargs or {})
+        image_lists = images.images if images is not None else [[] for _ in prompt_ids]
         accelerator = self.accelerator
         if accelerator.num_processes == 1:
-            samples = self._complete(prompt_ids, fields)
+            samples = self._complete(prompt_ids, fields, image_lists)
         else:
+            # Every process gathers images too, none or not: the gathers must match on every process.
             every = gather_object([prompt_ids])  # one list per process, in process order
-            samples = scatter_from_main(accelerator, lambda: split(self._complete(sum(every, []), fields), every))
+            every_images = gather_object([image_lists])
+            samples = scatter_from_main(
+                accelerator, lambda: split(self._complete(sum(every, []), fields, sum(every_images, [])), every)
+            )
         return to_completions(
             samples, self.eos_token_ids, self.tokenizer.pad_token_id, with_logprobs, accelerator.device
         )
 
     @torch.no_grad()
-    def generate_in_background(self, prompt_ids: list[list[int]], with_logprobs: bool = False) -> Completions:
+    def generate_in_background(
+        self, prompt_ids: list[list[int]], with_logprobs: bool = False, images: PromptImages | None = None
+    ) -> Completions:
         """`generate` for this process's prompts alone, asked for by this process itself: no collective call, so
         that asynchronous generation (algorithm.max_staleness) can run it in a thread while this process trains."""
         fields = sampling_fields(self.config, self.eos_token_ids, with_logprobs) | (self.config.generation_kwargs or {})
-        samples = self._complete(prompt_ids, fields, resync=False)
+        image_lists = images.images if images is not None else [[] for _ in prompt_ids]
+        samples = self._complete(prompt_ids, fields, image_lists, resync=False)
         return to_completions(
             samples, self.eos_token_ids, self.tokenizer.pad_token_id, with_logprobs, self.accelerator.device
         )
 
-    def _complete(self, prompt_ids: list[list[int]], fields: dict, resync: bool = True) -> list[Sample]:
+    def _complete(
+        self, prompt_ids: list[list[int]], fields: dict, image_lists: list[list], resync: bool = True
+    ) -> list[Sample]:
+        if any(image_lists):
+            return self._resynced(lambda: self._complete_with_images(prompt_ids, image_lists, fields), resync)
+        return self._complete_text(prompt_ids, fields, resync)
+
+    def _complete_text(self, prompt_ids: list[list[int]], fields: dict, resync: bool) -> list[Sample]:
         """Every prompt's completion, asking for each run of identical prompts once with n = the run's length."""
         runs, requests = plan_requests(prompt_ids, fields["temperature"], self.info.max_completion_prompts)
         samples_of_run: list[list[Sample]] = [[] for _ in runs]
@@ -216,16 +250,63 @@ class VLLMServerGeneration:
                 "return_token_ids": True,
                 **fields,
             }
-            choices = sorted(self._post_completions(body, resync)["choices"], key=lambda choice: choice["index"])
+            response = self._resynced(lambda body=body: self.client.post("/v1/completions", body), resync)
+            choices = sorted(response["choices"], key=lambda choice: choice["index"])
             for position, run in enumerate(request.runs):  # choice index = prompt's position x n + sample
                 samples_of_run[run] = [
                     Sample.from_choice(c) for c in choices[position * request.n : (position + 1) * request.n]
                 ]
         return [sample for samples in samples_of_run for sample in samples]
 
-    def _post_completions(self, body: dict, resync: bool) -> dict:
+    def _complete_with_images(self, prompt_ids: list[list[int]], image_lists: list[list], fields: dict) -> list[Sample]:
+        """Every prompt's completion from vLLM's tokens route, one request per run of identical prompts (same ids,
+        same images) with n = the run's length, all sent at once. Each carries the prompt with its image
+        placeholders collapsed (images.py) and its images as base64 data URLs in `content_parts`, which vLLM loads
+        and processes itself (vllm/entrypoints/scale_out/token_in_token_out/serving.py: ServingTokens.serve_tokens)."""
+        image_token = image_token_id(self.accelerator.unwrap_model(self.model))
+        encoded: dict[int, str] = {}  # the copies of a prompt share their images: each is encoded once
+        runs: list[tuple[list[int], list[str], int]] = []
+        for ids, images in zip(prompt_ids, image_lists):
+            urls = [encoded.setdefault(id(image), data_url(image)) for image in images]
+            # Greedy decoding refuses n > 1 (SamplingParams._verify_greedy_sampling): every copy goes alone.
+            if runs and runs[-1][:2] == (ids, urls) and fields["temperature"] >= GREEDY_TEMPERATURE:
+                runs[-1] = (ids, urls, runs[-1][2] + 1)
+            else:
+                runs.append((ids, urls, 1))
+        bodies = [
+            {
+                "model": self.model_id,
+                "token_ids": collapse_image_placeholders(ids, image_token, len(urls)),
+                "content_parts": [{"type": "image_url", "url": url} for url in urls],
+                "sampling_params": fields | {"n": count},
+            }
+            for ids, urls, count in runs
+        ]
+        with ThreadPoolExecutor(min(len(bodies), MAX_CONCURRENT_REQUESTS)) as pool:
+            responses = list(pool.map(self._post_generate, bodies))
+        return [
+            Sample(choice["token_ids"], tokens_route_logprobs(choice))
+            for response in responses
+            for choice in sorted(response["choices"], key=lambda choice: choice["index"])
+        ]
+
+    def _post_generate(self, body: dict) -> dict:
+        try:
+            return self.client.post(GENERATE_ROUTE, body)
+        except ServerError as error:
+            if error.status in (403, 404):  # vLLM 0.33 answers 403 with the scale-out routes off, older ones 404
+                raise ServerError(
+                    f"The vLLM server at {self.config.base_url} does not serve {GENERATE_ROUTE}, the only route of "
+                    "vLLM that takes token-id prompts with images. Start it with --enable-scale-out:\n  "
+                    f"{vllm_serve_advice(self.model_path, self.config.base_url)}\n({error})",
+                    status=error.status,
+                ) from None
+            raise
+
+    def _resynced(self, request, resync: bool):
+        """`request()`, asked again after sending the weights where the server restarted without them meanwhile."""
         self.client.reconnected = False
-        response = self.client.post("/v1/completions", body)
+        response = request()
         if self.client.reconnected and self.client.get("/weight_info").get("weight_version") != self.version:
             # The server went away and came back without this run's weights: these completions are from other ones.
             if not resync:  # a background thread cannot send weights: only the training thread may
@@ -241,7 +322,7 @@ class VLLMServerGeneration:
                 )
             self._open_weight_transfer()
             self._sync(list(named_weights(self.model, self.accelerator)), self.version)
-            response = self.client.post("/v1/completions", body)
+            response = request()
         return response
 
     def update_weights(self, model, step: int) -> None:
@@ -271,6 +352,14 @@ class VLLMServerGeneration:
             self.group.close()
         if self.server is not None:
             self.server.stop()
+
+
+def tokens_route_logprobs(choice: dict) -> list[float] | None:
+    """The sampled tokens' log-probs in a choice of the tokens route (GenerateTokensChoice.logprobs.content)."""
+    logprobs = choice.get("logprobs")
+    if logprobs is None:
+        return None
+    return [float(entry["logprob"]) for entry in logprobs["content"]]
 
 
 def on_main(accelerator, work):

@@ -147,7 +147,8 @@ def test_the_advice_is_a_vllm_serve_command_a_shell_accepts():
     advice = vllm_serve_advice("Qwen/Qwen3-0.6B", "http://10.0.0.5:8123")
     assert advice == (
         "VLLM_SERVER_DEV_MODE=1 vllm serve Qwen/Qwen3-0.6B --host 10.0.0.5 --port 8123 "
-        """--weight-transfer-config '{"backend": "nccl"}' --logprobs-mode processed_logprobs"""
+        """--weight-transfer-config '{"backend": "nccl"}' --logprobs-mode processed_logprobs """
+        "--enable-scale-out"
     )
 
 

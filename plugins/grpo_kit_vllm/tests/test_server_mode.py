@@ -4,6 +4,7 @@ Each run here talks to `python -m grpo_kit_vllm.testing.server` over HTTP and se
 trainer on GPUs does to `vllm serve` over NCCL.
 """
 
+import dataclasses
 import importlib.util
 import itertools
 import json
@@ -31,7 +32,7 @@ import grpo_kit
 from grpo_kit.contract.errors import ConfigError, GenerationUnavailable
 from grpo_kit.plugins.registry import Registry, plugin_manager
 from grpo_kit.testing.contracts import GenerationContract, assert_contracts_cover
-from grpo_kit.testing.models import build_tiny_model
+from grpo_kit.testing.models import build_tiny_model, build_tiny_vision_model
 from grpo_kit.testing.runs import tiny_run
 from grpo_kit_vllm.client import ServerError
 from grpo_kit_vllm.config import VLLMServerConfig
@@ -117,6 +118,20 @@ class TestVLLMServerGeneration(GenerationContract):
     @classmethod
     def plugin_options(cls, contract_case, contract_server) -> dict:
         return {**cls.options, "base_url": contract_server.url}
+
+    @pytest.fixture(scope="class")
+    @classmethod
+    def vision_server(cls, tmp_path_factory):
+        """A test server on the contract's tiny Qwen2-VL (the same architecture; the backend sends its weights)."""
+        directory = build_tiny_vision_model(tmp_path_factory.mktemp("contract-vision-server"))
+        server = ServerProcess(directory, directory / "server.log")
+        yield server
+        server.kill()
+
+    def test_images_reach_the_sampler(self, contract_case, plugin_config, tmp_path_factory, vision_server):
+        """The kit's check, against a server that serves a vision-language model: a server serves one model."""
+        config = dataclasses.replace(plugin_config, base_url=vision_server.url)
+        super().test_images_reach_the_sampler(contract_case, config, tmp_path_factory)
 
 
 @pytest.mark.vllm

@@ -33,6 +33,14 @@ distributed/weight_transfer/nccl_engine.py) except where this list says otherwis
   this test server (`grpo_kit_test_server`), the only server a trainer may send weights over gloo.
 - `/v1/chat/completions` renders the messages with the tokenizer's chat template and answers as vLLM does, without
   log-probs, tools or streaming.
+- Images: a vision-language model (a config with a `vision_config`) is served with its processor, and
+  `/inference/v1/generate` (vLLM's tokens route, served with --enable-scale-out) takes prompts with images in vLLM's
+  format: `token_ids` with one image token per image, `content_parts` of base64 data URLs. The server decodes the
+  images, computes their pixel values with the model's own image processor, expands each image's token as vLLM
+  does, and generates with them. Only data URLs load (vLLM also fetches http and allowed local files), `features`
+  (images processed elsewhere) are refused, and so is what vLLM lets through but reads wrong: an image token that
+  no image expands (vLLM embeds it as text), on either route. The route is always served: `--enable-scale-out`
+  is accepted and changes nothing.
 
 Otherwise it is as strict as vLLM 0.33: every request rule that vLLM's SamplingParams and completions protocol
 check, and that a client of this one could break, is checked here with vLLM's message
@@ -40,7 +48,10 @@ check, and that a client of this one could break, is checked here with vLLM's me
 """
 
 import argparse
+import base64
+import binascii
 import contextlib
+import io
 import itertools
 import json
 import math
@@ -56,9 +67,11 @@ from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlsplit
 
+import PIL.Image
 import torch
 import transformers
 
+import grpo_kit
 from grpo_kit_vllm import transport
 
 DEFAULT_MAX_TOKENS = 16  # vLLM's CompletionRequest.max_tokens
@@ -71,6 +84,7 @@ INT64 = (-(2**63), 2**63 - 1)  # the seed's range (CompletionRequest.seed)
 LIMITS = {"VLLM_MAX_COMPLETION_PROMPTS": 1024, "VLLM_MAX_N_SEQUENCES": 16384}
 # What vLLM's worker raises (v1/worker/gpu_worker.py: _check_weight_transfer_engine), answered 500.
 NOT_CONFIGURED = "Weight transfer not configured. Please set weight_transfer_config to enable weight transfer."
+DEFAULT_IMAGE_LIMIT = 999  # vLLM's items per prompt of a modality without --limit-mm-per-prompt
 LOGPROB_FLOOR = -9999.0  # vLLM's stand-in for -inf, which JSON cannot carry
 INITIAL_WEIGHT_VERSION = "default"  # vLLM's engine starts with this label
 PAUSE_MODES = ("abort", "wait", "keep")
@@ -99,6 +113,7 @@ ERROR_TYPES = {
     HTTPStatus.BAD_REQUEST: "BadRequestError",
     HTTPStatus.NOT_FOUND: "NotFoundError",
     HTTPStatus.INTERNAL_SERVER_ERROR: "InternalServerError",
+    HTTPStatus.NOT_IMPLEMENTED: "NotImplementedError",
     HTTPStatus.SERVICE_UNAVAILABLE: "ServiceUnavailableError",
 }
 
@@ -160,6 +175,55 @@ class Sample:
     top_logprobs: list[list[tuple[int, float]]] | None  # per token, the most likely (token id, log-prob) pairs
 
 
+def strip(token_ids: list[int], placeholders: list[tuple[int, int]]) -> list[int]:
+    """`token_ids` without the images' placeholders."""
+    inside = {index for offset, length in placeholders for index in range(offset, offset + length)}
+    return [token for index, token in enumerate(token_ids) if index not in inside]
+
+
+def load_data_url(url) -> PIL.Image.Image:
+    """An image from a base64 data URL, in RGB, with vLLM's errors (MediaConnector._load_data_url and
+    fetch_image_async, which turns an unreadable image into a ValueError: a 400)."""
+    if not isinstance(url, str) or url[:5].lower() != "data:":
+        raise RequestError(
+            "This CPU test server loads images from base64 data URLs only (data:image/png;base64,...).",
+            param="content_parts",
+        )
+    data_spec, separator, data = url[5:].partition(",")
+    if not separator:
+        raise RequestError(f"Invalid data URL {url[:32]!r}: missing ',' separator.", param="content_parts")
+    _, separator, encoding = data_spec.rpartition(";")
+    if not separator or encoding != "base64":  # a NotImplementedError in vLLM: 501
+        raise RequestError("Only base64 data URLs are supported for now.", HTTPStatus.NOT_IMPLEMENTED)
+    try:
+        image = PIL.Image.open(io.BytesIO(base64.b64decode(data, validate=True)))
+        image.load()
+    except (binascii.Error, PIL.UnidentifiedImageError, OSError) as error:
+        raise RequestError(str(error)) from None
+    return image.convert("RGB")
+
+
+def tokens_route_logprobs(sample: Sample) -> dict:
+    """vLLM's GenerateLogProbs: per sampled token its id, log-prob and the most likely candidates, all by id."""
+    content = []
+    for token_id, logprob, top in zip(sample.token_ids, sample.logprobs, sample.top_logprobs):
+        candidates = {token_id: logprob}  # the sampled token first, then the top ones, as vLLM's engine returns
+        for candidate, candidate_logprob in top:
+            candidates.setdefault(candidate, candidate_logprob)
+        content.append(
+            {
+                "token_id": token_id,
+                "logprob": max(logprob, LOGPROB_FLOOR),
+                "rank": None,
+                "top_logprobs": [
+                    {"token_id": candidate, "logprob": max(value, LOGPROB_FLOOR), "rank": None}
+                    for candidate, value in candidates.items()
+                ],
+            }
+        )
+    return {"content": content}
+
+
 def limit(name: str) -> int:
     """One of vLLM's request limits, from the environment as vLLM reads it."""
     return int(os.environ.get(name, LIMITS[name]))
@@ -180,13 +244,22 @@ def _field(body: dict, name: str, types: type | tuple[type, ...], default=None, 
 
 
 class Worker:
-    """The model, its tokenizer and the lock that makes generation and weight loading take turns."""
+    """The model, its tokenizer (and processor, for images) and the lock that makes generation and weight loading
+    take turns."""
 
-    def __init__(self, model_path: str, seed: int):
+    def __init__(self, model_path: str, seed: int, image_limit: int = DEFAULT_IMAGE_LIMIT):
         torch.manual_seed(seed)  # the server's own random stream, which unseeded requests continue
         self.name = model_path  # vllm serve serves a model under the path it was given
-        self.tokenizer = transformers.AutoTokenizer.from_pretrained(model_path)
-        self.model = transformers.AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
+        self.image_limit = image_limit
+        self.processor = grpo_kit.load_processor_at(model_path)  # None for a model that reads text alone
+        if self.processor is not None:
+            self.tokenizer = self.processor.tokenizer
+            model_class = transformers.AutoModelForImageTextToText
+        else:
+            self.tokenizer = transformers.AutoTokenizer.from_pretrained(model_path)
+            model_class = transformers.AutoModelForCausalLM
+        self.model = model_class.from_pretrained(model_path, dtype=torch.float32).eval()
+        self.image_token = getattr(self.model.config, "image_token_id", None) if self.processor else None
         model_generation = self.model.generation_config.to_diff_dict()
         self.sampling_defaults = {
             name: model_generation[name] for name in MODEL_SAMPLING_DEFAULTS if model_generation.get(name) is not None
@@ -325,6 +398,152 @@ class Worker:
             prompts.append(item)
         return prompts
 
+    def refuse_unexpanded_image_tokens(self, prompts: list[list[int]]) -> None:
+        """vLLM's /v1/completions takes no images and embeds an image token as text: a prompt that holds one has
+        lost its images on the way (stricter than vLLM, which answers it)."""
+        if self.image_token is not None and any(self.image_token in prompt for prompt in prompts):
+            raise RequestError(
+                f"A prompt holds the image token (id {self.image_token}) but no image comes with it: /v1/completions "
+                "takes no images, and vLLM would read the token as text. Send prompts with images to "
+                "/inference/v1/generate, with the images in `content_parts`.",
+                param="prompt",
+            )
+
+    # --- /inference/v1/generate ---
+
+    def parse_generate(self, body: dict) -> tuple[CompletionRequest, dict[str, torch.Tensor], list[tuple[int, int]]]:
+        """vLLM's GenerateRequest, checked as vLLM checks it: the sampling settings, and the prompt with its images
+        expanded; the vision inputs for the model, and each image's placeholder as (offset, length)."""
+        token_ids = body.get("token_ids")
+        if not isinstance(token_ids, list) or not token_ids:  # GenerateRequest.token_ids: Field(min_length=1)
+            raise RequestError("`token_ids` must be a non-empty list of token ids.", param="token_ids")
+        if any(not isinstance(token, int) or isinstance(token, bool) for token in token_ids):
+            raise RequestError("`token_ids` must be a non-empty list of token ids.", param="token_ids")
+        if any(token < 0 for token in token_ids):  # GenerateRequest.validate_token_ids
+            raise RequestError("token_ids must not contain negative values", param="token_ids")
+        parts, features = body.get("content_parts"), body.get("features")
+        if parts and features:  # GenerateRequest._check_mm_fields_exclusive
+            raise RequestError("content_parts and features are mutually exclusive", param="content_parts")
+        if features:
+            raise RequestError(
+                "`features` (images processed by a /render server) is not supported by this CPU test server: send "
+                "the images themselves in `content_parts`.",
+                param="features",
+            )
+        if body.get("output_mode", "tokens") != "tokens":
+            raise RequestError("This CPU test server answers output_mode='tokens' only.", param="output_mode")
+        sampling = body.get("sampling_params")
+        if not isinstance(sampling, dict):  # GenerateRequest.sampling_params has no default
+            raise RequestError("`sampling_params` is required and must be an object.", param="sampling_params")
+        images = self._images(parts or [])
+        vision, placeholders = {}, []
+        if images:
+            token_ids, vision, placeholders = self._expand(token_ids, images)
+        self.refuse_unexpanded_image_tokens([strip(token_ids, placeholders)])
+        top_level = {name: body.get(name) for name in ("model", "stream", "return_token_ids")}
+        fields = {**sampling, **top_level, "prompt": token_ids}
+        if sampling.get("max_tokens") is None:  # ServingTokens.serve_tokens: the room the context leaves
+            fields["max_tokens"] = max(self.max_model_len - len(token_ids), 1)
+        return self.parse(fields), vision, placeholders
+
+    def _images(self, parts: list) -> list[PIL.Image.Image]:
+        """The images of `content_parts`, loaded as vLLM's ServingTokens.serve_tokens and MediaConnector do."""
+        images = []
+        for part in parts:
+            if not isinstance(part, dict):
+                raise RequestError("Each of `content_parts` must be an object.", param="content_parts")
+            kind = part.get("type", "")
+            if kind in ("audio_url", "video_url"):
+                raise RequestError(f"`{kind}` is not supported by this CPU test server.", param="content_parts")
+            if kind != "image_url":  # vLLM skips a part of another type
+                continue
+            if self.processor is None:  # vLLM's renderer has no multimodal processor for a text-only model
+                raise RequestError("Multi-modal processor not available for text-only models", param="content_parts")
+            if len(images) + 1 > self.image_limit:  # MultiModalProcessingInfo.validate_num_items, before loading
+                raise RequestError(f"At most {self.image_limit} image(s) may be provided in one prompt.", param="image")
+            images.append(load_data_url(part.get("url")))
+        return images
+
+    def _expand(
+        self, token_ids: list[int], images: list[PIL.Image.Image]
+    ) -> tuple[list[int], dict[str, torch.Tensor], list[tuple[int, int]]]:
+        """The prompt as vLLM expands it: image i replaces the next image token after image i - 1's with its
+        grid's merged patches' tokens (BaseMultiModalProcessor._apply_prompt_updates, Qwen2-VL's replacement)."""
+        vision = dict(self.processor.image_processor(images=images, return_tensors="pt"))
+        merge = self.processor.image_processor.merge_size
+        expanded, placeholders, start = [], [], 0
+        for grid in vision["image_grid_thw"]:
+            found = next((i for i in range(start, len(token_ids)) if token_ids[i] == self.image_token), None)
+            if found is None:
+                break
+            length = int(grid.prod()) // merge**2
+            expanded += token_ids[start:found]
+            placeholders.append((len(expanded), length))
+            expanded += [self.image_token] * length
+            start = found + 1
+        expanded += token_ids[start:]
+        if len(placeholders) != len(images):  # BaseMultiModalProcessor._validate_mm_placeholders: a RuntimeError
+            raise RequestError(
+                f"Expected there to be {len(images)} prompt placeholders corresponding to {len(images)} image items, "
+                f"but instead found {len(placeholders)} prompt placeholders! Make sure the implementation of "
+                "`_apply_hf_processor_main` and `_get_mm_fields_config` are consistent with each other.",
+                HTTPStatus.INTERNAL_SERVER_ERROR,
+            )
+        # Which tokens are an image's, for the model's M-RoPE positions (transformers' Qwen2-VL warns without them and
+        # counts every position as text); vLLM places them from its placeholders alike.
+        token_types = torch.zeros(1, len(expanded), dtype=torch.int)  # (1, T)
+        for offset, length in placeholders:
+            token_types[0, offset : offset + length] = 1
+        vision["mm_token_type_ids"] = token_types
+        return expanded, vision, placeholders
+
+    def generate_tokens(
+        self, request: CompletionRequest, vision: dict[str, torch.Tensor], placeholders: list[tuple[int, int]]
+    ) -> dict:
+        """vLLM's GenerateTokensResponse: the `n` completions of the request's one prompt, sampled with its images."""
+        (prompt,) = request.prompts
+        rows = [prompt] * request.n
+        # Every row carries the prompt's images: the model takes one set of pixel values per image per row.
+        vision = {name: torch.cat([tensor] * request.n) for name, tensor in vision.items()}
+        budget = min(request.max_tokens, self.max_model_len - len(prompt))
+        seeded = torch.random.fork_rng(devices=[]) if request.seed is not None else contextlib.nullcontext()
+        with self.lock, seeded:
+            if request.seed is not None:
+                torch.manual_seed(request.seed)
+            samples = self._generate(rows, [budget] * len(rows), request, vision)
+        completion_tokens = sum(len(sample.token_ids) for sample in samples)
+        return {
+            "request_id": f"generate-tokens-{uuid.uuid4().hex}",
+            "model": self.name,
+            "created": int(time.time()),
+            "usage": {
+                "prompt_tokens": len(prompt),
+                "completion_tokens": completion_tokens,
+                "total_tokens": len(prompt) + completion_tokens,
+            },
+            "prompt_logprobs": None,
+            "prompt_token_ids": prompt if request.return_token_ids else None,
+            "mm_placeholders": (
+                {"image": [{"offset": offset, "length": length} for offset, length in placeholders]}
+                if request.return_token_ids and placeholders
+                else None
+            ),
+            "output_mode": "tokens",
+            "choices": [
+                {
+                    "index": index,
+                    "logprobs": None if request.logprobs is None else tokens_route_logprobs(sample),
+                    "finish_reason": sample.finish_reason,
+                    "stop_reason": sample.stop_reason,
+                    "token_ids": sample.token_ids,
+                    "routed_experts": None,
+                    "sampling_mask": None,
+                    "weight_versions": None,
+                }
+                for index, sample in enumerate(samples)
+            ],
+        }
+
     def complete(self, request: CompletionRequest) -> dict:
         """vLLM's CompletionResponse for `request`: choice `i * n + j` is the `j`-th completion of prompt `i`."""
         rows = [prompt for prompt in request.prompts for _ in range(request.n)]
@@ -361,8 +580,11 @@ class Worker:
         }
 
     @torch.inference_mode()
-    def _generate(self, rows: list[list[int]], budgets: list[int], request: CompletionRequest) -> list[Sample]:
-        """Sample a completion for each row, left-padded into one batch, each stopping at its own budget."""
+    def _generate(
+        self, rows: list[list[int]], budgets: list[int], request: CompletionRequest, vision: dict | None = None
+    ) -> list[Sample]:
+        """Sample a completion for each row, left-padded into one batch, each stopping at its own budget; `vision`:
+        the rows' images' inputs to the model (pixel_values, image_grid_thw)."""
         width = max(len(row) for row in rows)
         input_ids = torch.tensor([[self.pad_token_id] * (width - len(row)) + row for row in rows])
         attention_mask = torch.tensor([[0] * (width - len(row)) + [1] * len(row) for row in rows])
@@ -382,7 +604,9 @@ class Worker:
             return_dict_in_generate=True,
             disable_compile=True,
         )
-        output = self.model.generate(input_ids=input_ids, attention_mask=attention_mask, generation_config=config)
+        output = self.model.generate(
+            input_ids=input_ids, attention_mask=attention_mask, generation_config=config, **(vision or {})
+        )
         generated = output.sequences[:, width:]
         if request.logprobs is not None:
             sampled_logprobs, top = self._step_logprobs(output.scores, generated, request.logprobs)
@@ -724,6 +948,7 @@ class Server(ThreadingHTTPServer):
             ("GET", "/server_info"): self.server_info,
             ("POST", "/v1/chat/completions"): self.chat_completions,
             ("POST", "/v1/completions"): self.completions,
+            ("POST", "/inference/v1/generate"): self.generate,
             ("POST", "/pause"): self.pause,
             ("POST", "/resume"): self.resume,
             ("POST", "/init_weight_transfer_engine"): self.weights.init,
@@ -791,8 +1016,14 @@ class Server(ThreadingHTTPServer):
 
     def completions(self, body: dict, query: dict) -> dict:
         request = self.worker.parse(body)  # a bad request is a 400 even while paused, as in vLLM
+        self.worker.refuse_unexpanded_image_tokens(request.prompts)
         with self.gate.admit():
             return self.worker.complete(request)
+
+    def generate(self, body: dict, query: dict) -> dict:
+        request, vision, placeholders = self.worker.parse_generate(body)
+        with self.gate.admit():
+            return self.worker.generate_tokens(request, vision, placeholders)
 
     def pause(self, body: dict, query: dict) -> dict:
         mode = query.get("mode", ["abort"])[0]
@@ -898,9 +1129,16 @@ def main(argv: list[str] | None = None) -> None:
         metavar="K",
         help="stop this process (SIGSTOP) at the K-th /update_weights, before it receives: a hung server, for tests",
     )
+    parser.add_argument(
+        "--limit-mm-per-prompt",
+        type=json.loads,
+        default={},
+        help="as vllm serve's, images only: '{\"image\": 2}' (default 999)",
+    )
+    parser.add_argument("--enable-scale-out", action="store_true", help="accepted, as vllm serve's: always on here")
     args = parser.parse_args(argv)
     transformers.logging.set_verbosity_error()  # greedy requests would be told that their top_k goes unused
-    worker = Worker(args.model, args.seed)
+    worker = Worker(args.model, args.seed, image_limit=args.limit_mm_per_prompt.get("image", DEFAULT_IMAGE_LIMIT))
     weights = WeightSync(worker, configured=not args.no_weight_transfer, freeze_at_update=args.freeze_at_update)
     server = Server((args.host, args.port), worker, weights)
 
