@@ -20,10 +20,12 @@ from grpo_kit.model.loading import load_model, load_processor
 from grpo_kit.model.logprobs import OutputHead, last_hidden_states, per_token_logps_and_entropies
 from grpo_kit.model.lora import AdapterFreeReference
 from grpo_kit.objective.policy_loss import PolicyLoss
+from grpo_kit.plugins.registry import Registry, plugin_manager
 from grpo_kit.rollout.images import ImagePrompts, check_images
 from grpo_kit.rollout.prompts import load_prompts
 from grpo_kit.testing.micro_batches import half_a_generation_batch, loss_and_gradients
 from grpo_kit.testing.models import build_tiny_vision_model
+from grpo_kit.testing.runs import tiny_run
 from grpo_kit.training.batches import split
 from grpo_kit.training.token_budget import TokenBudget, in_parts
 from grpo_kit.training.vision import image_prompts
@@ -292,3 +294,34 @@ def test_a_completion_that_writes_an_image_placeholder_ends_before_it(prompts_of
     assert cut.completion_ids.tolist() == [[7, 8, 0, 0], [7, 8, 9, 1]]
     assert cut.is_truncated.tolist() == [True, False]
     assert cut.sampling_per_token_logps.tolist() == [[-0.5, -0.5, 0.0, 0.0], [-0.5] * 4]
+
+
+def test_a_run_with_images_trains_hands_the_rewards_its_image_column_and_saves_the_processor(
+    local_plugin, vision_model, tmp_path
+):
+    module = local_plugin(
+        "image_column_reward",
+        """
+        import grpo_kit
+
+        def image_named(prompts, completions, image, solution, **_):
+            return [float(path.endswith(f"{answer}.png")) for path, answer in zip(image, solution)]
+
+        @grpo_kit.hookimpl
+        def register_rewards(register):
+            register("image_named", image_named)
+    """,
+    )
+    registry = Registry(plugin_manager(local_modules=[module]))
+    rows = []
+    for index in range(4):
+        noise(index).save(tmp_path / f"picture-{index}.png")
+        rows.append({"prompt": QUESTION, "image": str(tmp_path / f"picture-{index}.png"), "solution": str(index)})
+    data = tmp_path / "rows.jsonl"
+    data.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    overrides = tiny_run(vision_model, "+reward=image_named", f"data.path={data}", "trainer.max_steps=2")
+    run_dir = grpo_kit.train(grpo_kit.compose(overrides, registry), tmp_path / "run", registry)
+    lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [line["reward"] for line in lines] == [1.0, 1.0]  # each completion's own row's image path
+    assert (run_dir / "model" / "processor_config.json").exists()
+    assert load_processor(ModelConfig(name_or_path=str(run_dir / "model"))) is not None
