@@ -10,11 +10,12 @@ from grpo_kit.contract.errors import ConfigError
 
 @dataclass
 class TransformersGenerationConfig(GenerationConfig):
-    # lean: grpo_kit's own sampling loop (sampling.py), which samples what `generate` samples, for less on a CPU;
-    # generate: transformers' `model.generate`, with all its options; auto: lean on a CPU, generate on a GPU, where
-    # the lean loop was measured slower (benchmarks/gpu/README.md, "Profile").
+    # lean: grpo_kit's own sampling loop (sampling.py), finished rows leaving the batch, for less on a CPU;
+    # static: fixed shapes and no host sync inside a decode step (static.py), a CUDA graph on a GPU;
+    # generate: transformers' `model.generate`, with all its options; auto: lean on a CPU, static on a CUDA GPU,
+    # generate elsewhere. lean and static sample what `generate` samples (docs/training.md, "The GPU path").
     loop: str = "auto"
-    cache_implementation: str | None = None  # loop=generate (or auto on a GPU): e.g. "static"; None: dynamic
+    cache_implementation: str | None = None  # loop=generate (auto then takes generate): e.g. "static"; None: dynamic
     generation_kwargs: Any = None  # a dict of GenerationConfig fields, applied last: it overrides the ones above too
     merge_lora: bool = False  # generate from a copy with the LoRA adapters merged into the weights
     # DeepSpeed ZeRO-3 only: gather the whole model for generation (fast); false gathers layer by layer, for a model
@@ -22,12 +23,12 @@ class TransformersGenerationConfig(GenerationConfig):
     ds3_gather_for_generation: bool = True
 
     def __post_init__(self):
-        if self.loop not in ("auto", "lean", "generate"):
-            raise ConfigError(f"generation.loop={self.loop!r} must be auto, lean or generate.")
-        if self.cache_implementation is not None and self.loop == "lean":
+        if self.loop not in ("auto", "lean", "static", "generate"):
+            raise ConfigError(f"generation.loop={self.loop!r} must be auto, lean, static or generate.")
+        if self.cache_implementation is not None and self.loop in ("lean", "static"):
             raise ConfigError(
                 f"generation.cache_implementation={self.cache_implementation!r} chooses the KV cache of transformers' "
-                "generate, which the lean loop does not call: add generation.loop=generate."
+                f"generate, which the {self.loop} loop does not call: add generation.loop=generate."
             )
         # transformers would refuse these only inside the first generate call, after the model has loaded.
         if not 0 < self.top_p <= 1:

@@ -1,9 +1,14 @@
 """transformers: completions from the policy itself, in the training process.
 
-On a CPU they come by default from a lean sampling loop (sampling.py) that samples exactly what `model.generate`
-samples, for less time. On a GPU, where it was measured slower, and with `generation.loop=generate`, they come from
-`model.generate` itself, as they do for runs whose weights are sharded, prompts with images and settings the lean
-loop does not cover (it says which, once).
+Three loops sample what `model.generate` samples (`generation.loop`):
+- on a CPU, by default, a lean loop (sampling.py) whose finished rows leave the batch, for less time;
+- on a CUDA GPU, by default, a static loop (static.py) of fixed shapes and no host sync inside a decode step,
+  recorded once per generation batch as a CUDA graph and replayed;
+- `model.generate` itself, for everything else, and wherever a loop does not cover the run: sharded weights,
+  prompts with images, settings neither loop implements (it says which, once).
+
+Under mixed precision (bf16, fp16), each loop samples with the linear layers' weights cast once per generation batch
+(cast_once.py), where accelerate's autocast would cast them again at every token.
 
 Nothing has to be pushed after an optimizer step: the generator samples from the very weights being trained. A
 LoRA policy may instead generate from a merged copy (`generation.merge_lora=true`), whose weights are refreshed
@@ -26,8 +31,11 @@ from accelerate.utils import DistributedType
 from grpo_kit import Completions, PromptImages, eos_mask, eos_token_ids, is_truncated
 from grpo_kit.contract.distributed import weights_are_sharded
 from grpo_kit.contract.lora import has_adapters, merged_copy, refresh_merged_copy
+from grpo_kit_transformers.cast_once import autocast_dtype, weights_cast_once
 from grpo_kit_transformers.configs import TransformersGenerationConfig
+from grpo_kit_transformers.logprobs import sampled_logps_recorded
 from grpo_kit_transformers.sampling import sample, why_not_lean
+from grpo_kit_transformers.static import StaticDecoder, why_not_static
 
 log = logging.getLogger(__name__)
 
@@ -73,18 +81,17 @@ class TransformersGeneration:
         # Last, as TRL applies them: a key set above is overridden, not refused.
         settings.update(self.config.generation_kwargs or {})
         self.generation_config = transformers.GenerationConfig(**settings)
-        # The logits after temperature, top-k and top-p are the sampling distribution: kept for a rollout correction.
-        self.generation_config_with_scores = copy.deepcopy(self.generation_config)
-        self.generation_config_with_scores.output_scores = True
-        self.lean = self.config.loop == "lean" or (self.config.loop == "auto" and accelerator.device.type == "cpu")
-        if self.config.loop == "auto" and self.config.cache_implementation is not None:
-            self.lean = False  # a KV cache of generate's own was asked for
-        if self.lean:
+        self.loop = chosen_loop(self.config, accelerator.device.type)
+        if self.loop != "generate":
+            why_not = why_not_lean if self.loop == "lean" else why_not_static
             reason = "the weights are sharded" if weights_are_sharded(accelerator) else None
-            reason = reason or why_not_lean(accelerator.unwrap_model(model), self.generation_config)
+            reason = reason or why_not(accelerator.unwrap_model(model), self.generation_config)
             if reason is not None:
-                log.warning("generation.loop=lean: model.generate samples instead, because %s.", reason)
-                self.lean = False
+                log.warning("generation.loop=%s: model.generate samples instead, because %s.", self.loop, reason)
+                self.loop = "generate"
+        self.static = StaticDecoder()
+        # Sharded weights are gathered inside each forward pass: there is no whole weight to cast once.
+        self.cast_dtype = None if weights_are_sharded(accelerator) else autocast_dtype(accelerator)
 
     @torch.no_grad()
     def generate(self, prompt_ids, with_logprobs=False, images: PromptImages | None = None):
@@ -92,16 +99,9 @@ class TransformersGeneration:
         prompts = prompts.to(self.accelerator.device)
         model = self.accelerator.unwrap_model(self.model) if self.merged is None else self.merged
         if images is not None:
-            # `generate` numbers a vision-language model's positions over the image tokens (M-RoPE), which the lean
-            # loop's plain positions do not.
             prompts |= images.forward_kwargs(model, prompts["input_ids"])
-            completion_ids, sampling_logps = self._generate(model, prompts, with_logprobs)
-        elif self.lean:
-            completion_ids, sampling_logps = sample(
-                model, prompts["input_ids"], prompts["attention_mask"], self.generation_config, with_logprobs
-            )
-        else:
-            completion_ids, sampling_logps = self._generate(model, prompts, with_logprobs)
+        with weights_cast_once(model, self.accelerator.device.type, self.cast_dtype):
+            completion_ids, sampling_logps = self._sample(model, prompts, with_logprobs, images is not None)
 
         completion_mask = eos_mask(completion_ids, self.eos_token_ids)  # (N, T), EOS included
         completion_ids = completion_ids.masked_fill(completion_mask == 0, self.tokenizer.pad_token_id)
@@ -110,21 +110,30 @@ class TransformersGeneration:
         truncated = is_truncated(completion_ids, completion_mask, self.eos_token_ids, self.tokenizer.pad_token_id)
         return Completions(completion_ids, completion_mask, truncated, sampling_per_token_logps=sampling_logps)
 
+    def _sample(self, model, prompts, with_logprobs, with_images: bool):
+        # `generate` numbers a vision-language model's positions over the image tokens (M-RoPE), which the other
+        # loops' plain positions do not.
+        if self.loop == "generate" or with_images:
+            return self._generate(model, prompts, with_logprobs)
+        if self.loop == "lean":
+            return sample(model, prompts["input_ids"], prompts["attention_mask"], self.generation_config, with_logprobs)
+        if self.loop == "static":
+            return self.static.sample(
+                model, prompts["input_ids"], prompts["attention_mask"], self.generation_config, with_logprobs
+            )
+        raise AssertionError(f"unknown loop {self.loop}")
+
     def _generate(self, model, prompts, with_logprobs):
         """`model.generate`'s completions (N, T), and when asked their tokens' log-probs under the processed
-        distribution each was drawn from (N, T)."""
-        config = self.generation_config_with_scores if with_logprobs else self.generation_config
-        kwargs = dict(**prompts, generation_config=config, synced_gpus=self.synced_gpus)
-        with self.whole_weights():
+        distribution each was drawn from (N, T), gathered at each step rather than from all the steps' scores."""
+        kwargs = dict(**prompts, generation_config=self.generation_config, synced_gpus=self.synced_gpus)
+        with self.whole_weights(), sampled_logps_recorded(model, with_logprobs) as recorded:
             if self.accelerator.is_fsdp2 and has_adapters(model):
                 out = inside_root_forward(model, model.generate, **kwargs)
             else:
                 out = model.generate(**kwargs)
         completion_ids = out.sequences[:, prompts["input_ids"].shape[1] :]  # (N, T)
-        if not with_logprobs:
-            return completion_ids, None
-        scores = torch.stack(out.scores, dim=1).float()  # (N, T, V)
-        return completion_ids, scores.log_softmax(-1).gather(-1, completion_ids.unsqueeze(-1)).squeeze(-1)
+        return completion_ids, None if recorded is None else recorded.logps(completion_ids)
 
     def whole_weights(self):
         """A context in which `generate` sees the whole weights, as accelerate's FSDP and DeepSpeed leave them."""
@@ -143,16 +152,14 @@ class TransformersGeneration:
 
     @contextlib.contextmanager
     def sampling(self, temperature, top_p):
-        """Evaluation's own temperature and top-p (None: the run's) for the `generate` calls inside: row-wise
-        warpers, which the lean loop applies as `generate` does."""
-        saved = self.generation_config, self.generation_config_with_scores
-        self.generation_config, self.generation_config_with_scores = (
-            with_sampling(config, temperature, top_p) for config in saved
-        )
+        """Evaluation's own temperature and top-p (None: the run's) for the generation calls inside: warpers that
+        every loop applies as `generate` does."""
+        saved = self.generation_config
+        self.generation_config = with_sampling(saved, temperature, top_p)
         try:
             yield
         finally:
-            self.generation_config, self.generation_config_with_scores = saved
+            self.generation_config = saved
 
     def update_weights(self, model, step):
         if self.merged is not None:  # otherwise generation reads the trained model directly
@@ -160,6 +167,16 @@ class TransformersGeneration:
 
     def close(self):
         pass
+
+
+def chosen_loop(config: TransformersGenerationConfig, device_type: str) -> str:
+    """The loop `generation.loop` names; for auto, the one measured fastest on this kind of device: lean on a CPU,
+    static on a CUDA GPU, `generate` where a KV cache of its own was asked for, and on other devices."""
+    if config.loop != "auto":
+        return config.loop
+    if config.cache_implementation is not None:
+        return "generate"
+    return {"cpu": "lean", "cuda": "static"}.get(device_type, "generate")
 
 
 def with_sampling(config: transformers.GenerationConfig, temperature: float | None, top_p: float | None):

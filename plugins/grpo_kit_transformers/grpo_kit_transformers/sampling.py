@@ -152,7 +152,7 @@ def why_not_lean(model, generation_config: GenerationConfig) -> str | None:
     generation_config = prepared(model, generation_config, model.device)
     mode = generation_config.get_generation_mode()
     if mode != GenerationMode.SAMPLE:  # the loop draws one token per row at a time: plain multinomial sampling
-        return f"the generation config asks for {mode.value.replace('_', ' ')}, and the lean loop only samples"
+        return f"the generation config asks for {mode.value.replace('_', ' ')}, and this loop only samples"
     used = [name for name in NOT_ROW_WISE if getattr(generation_config, name, None) is not None]
     if used:
         return f"the generation config sets {', '.join(used)}"

@@ -1,4 +1,4 @@
-"""Every EOS id of the model's generation config ends a completion, in both loops, and a completion is truncated
+"""Every EOS id of the model's generation config ends a completion, in every loop, and a completion is truncated
 as TRL counts it: its last token is neither an EOS nor the pad token."""
 
 import pytest
@@ -19,7 +19,7 @@ def start(tiny_model, eos_token_ids=None, **options):
     return generation, tokenizer
 
 
-@pytest.mark.parametrize("loop", ["lean", "generate"])
+@pytest.mark.parametrize("loop", ["lean", "static", "generate"])
 def test_no_mask_runs_past_any_eos_of_the_generation_config(tiny_model, loop):
     tokenizer = AutoTokenizer.from_pretrained(tiny_model)
     other_eos = tokenizer.convert_tokens_to_ids("5")
@@ -39,7 +39,7 @@ def test_no_mask_runs_past_any_eos_of_the_generation_config(tiny_model, loop):
     assert ended_by_the_other > 0, "hot sampling should end some completions at the generation config's other EOS"
 
 
-@pytest.mark.parametrize("loop", ["lean", "generate"])
+@pytest.mark.parametrize("loop", ["lean", "static", "generate"])
 def test_a_completion_that_ends_in_a_sampled_pad_token_is_not_truncated(tiny_model, loop):
     tokenizer = AutoTokenizer.from_pretrained(tiny_model)
     only_pad = [token for token in range(len(tokenizer)) if token != tokenizer.pad_token_id]

@@ -1,4 +1,4 @@
-"""Every decoding mode the lean loop does not implement goes to `model.generate`, with one warning saying why."""
+"""Every decoding mode the lean and static loops do not implement goes to `model.generate`, with a warning why."""
 
 import logging
 
@@ -21,20 +21,21 @@ MODES = {
 }
 
 
+@pytest.mark.parametrize("loop", ["lean", "static"])
 @pytest.mark.parametrize("mode", MODES)
-def test_a_mode_the_lean_loop_does_not_implement_falls_back_to_generate_with_one_warning(tiny_model, mode, caplog):
-    generation = TransformersGeneration(TransformersGenerationConfig(generation_kwargs=MODES[mode]))
+def test_a_mode_the_loops_do_not_implement_falls_back_to_generate_with_one_warning(tiny_model, mode, loop, caplog):
+    generation = TransformersGeneration(TransformersGenerationConfig(loop=loop, generation_kwargs=MODES[mode]))
     with caplog.at_level(logging.WARNING, logger="grpo_kit_transformers.generation"):
         generation.start(
             AutoModelForCausalLM.from_pretrained(tiny_model),
             AutoTokenizer.from_pretrained(tiny_model),
             Accelerator(cpu=True),
         )
-    assert not generation.lean
+    assert generation.loop == "generate"
     warnings = [record.getMessage() for record in caplog.records if record.name == "grpo_kit_transformers.generation"]
     assert warnings == [
-        f"generation.loop=lean: model.generate samples instead, because the generation config asks for {mode}, and "
-        "the lean loop only samples."
+        f"generation.loop={loop}: model.generate samples instead, because the generation config asks for {mode}, "
+        "and this loop only samples."
     ]
 
 

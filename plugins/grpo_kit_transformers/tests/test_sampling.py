@@ -8,9 +8,11 @@ Four checks, each able to catch a different mistake:
   padding and grouped heads;
 - once rows end and leave the batch, every log-prob it returns is the one a fresh forward pass over that row's own
   prefix gives, after the same processors (a row mixed up with another, or a cache gone stale, would not be);
-- over many samples, its completion lengths follow `generate`'s distribution (a chi-square test).
+- over many samples, its completion lengths follow `generate`'s distribution (a chi-square test), and so do the
+  static loop's on CUDA.
 """
 
+import copy
 import math
 import warnings
 
@@ -27,6 +29,7 @@ from grpo_kit_transformers.sampling import (
     sample,
     why_not_lean,
 )
+from grpo_kit_transformers.static import StaticDecoder
 
 SETTINGS = [
     dict(temperature=1.0),
@@ -144,27 +147,38 @@ def test_rows_that_leave_the_batch_leave_the_others_log_probs_exact(model_and_pr
         torch.testing.assert_close(logps[sampled, t], expected[sampled], atol=1e-4, rtol=1e-4)
 
 
-def test_completion_lengths_follow_generates_distribution(model_and_prompts):
+CUDA = pytest.param(
+    "cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+)
+
+
+@pytest.mark.parametrize("device", ["cpu", CUDA])
+@pytest.mark.parametrize("loop", ["lean", "static"])
+def test_completion_lengths_follow_generates_distribution(model_and_prompts, loop, device):
+    """On a CPU the static loop draws `generate`'s very tokens (tests/test_static.py); on CUDA, where multinomial has
+    a kernel of its own and the static loop replays a CUDA graph, the same distribution is what there is to check."""
     model, tokenizer, prompts = model_and_prompts
+    model = copy.deepcopy(model).to(device)
     generation_config = config(tokenizer, 6, temperature=2.0)
-    batch = {name: tensor.repeat(16, 1) for name, tensor in prompts.items()}  # 512 rows
+    batch = {name: tensor.repeat(16, 1).to(device) for name, tensor in prompts.items()}  # 512 rows
+    draw = sample if loop == "lean" else StaticDecoder().sample
 
     def lengths(draw):
         counts = torch.zeros(7)
         for seed in range(8):
             torch.manual_seed(seed)
-            ids = draw()
+            ids = draw().cpu()
             is_eos = ids == tokenizer.eos_token_id
             length = torch.where(is_eos.any(1), is_eos.int().argmax(1) + 1, 7)  # 7: no EOS within 6 tokens
             counts += torch.bincount(length, minlength=8)[1:].float()
         return counts
 
     with torch.no_grad():
-        lean = lengths(lambda: sample(model, batch["input_ids"], batch["attention_mask"], generation_config)[0])
+        ours = lengths(lambda: draw(model, batch["input_ids"], batch["attention_mask"], generation_config)[0])
         reference = lengths(lambda: model.generate(**batch, generation_config=generation_config).sequences[:, -6:])
-    assert 0.05 < lean[:6].sum() / lean.sum() < 0.95, "the lengths must vary for the test to mean anything"
-    statistic, degrees = two_sample_chi_square(lean, reference)
-    assert statistic < chi_square_quantile(0.999, degrees), (lean, reference)
+    assert 0.05 < ours[:6].sum() / ours.sum() < 0.95, "the lengths must vary for the test to mean anything"
+    statistic, degrees = two_sample_chi_square(ours, reference)
+    assert statistic < chi_square_quantile(0.999, degrees), (ours, reference)
 
 
 def two_sample_chi_square(a: torch.Tensor, b: torch.Tensor) -> tuple[float, int]:
@@ -199,7 +213,7 @@ def test_a_model_with_sliding_window_layers_falls_back_to_generate(tmp_path, cap
     model = AutoModelForCausalLM.from_pretrained(directory)
     generation = TransformersGeneration(TransformersGenerationConfig(max_completion_length=4))
     generation.start(model, AutoTokenizer.from_pretrained(directory), Accelerator(cpu=True))
-    assert not generation.lean
+    assert generation.loop == "generate"
     assert "model.generate samples instead, because the model is not a decoder with full attention" in caplog.text
 
 
@@ -210,7 +224,9 @@ def test_a_cache_for_generate_is_refused_with_the_lean_loop():
     with pytest.raises(ConfigError, match="add generation.loop=generate"):
         TransformersGenerationConfig(loop="lean", cache_implementation="static")
     assert TransformersGenerationConfig(loop="generate", cache_implementation="static").loop == "generate"
-    with pytest.raises(ConfigError, match="must be auto, lean or generate"):
+    with pytest.raises(ConfigError, match="add generation.loop=generate"):
+        TransformersGenerationConfig(loop="static", cache_implementation="static")
+    with pytest.raises(ConfigError, match="must be auto, lean, static or generate"):
         TransformersGenerationConfig(loop="fast")
 
 
@@ -227,7 +243,7 @@ def test_auto_samples_with_the_lean_loop_on_a_cpu_unless_generate_s_cache_is_ask
         config = TransformersGenerationConfig(max_completion_length=4, cache_implementation=cache_implementation)
         generation = TransformersGeneration(config)
         generation.start(model, tokenizer, Accelerator(cpu=True))
-        assert config.loop == "auto" and generation.lean == lean
+        assert config.loop == "auto" and (generation.loop == "lean") == lean
 
 
 def test_it_calls_the_model_without_deprecated_arguments(model_and_prompts):
