@@ -1,5 +1,5 @@
 """Peak memory and seconds of one micro-batch's forward and backward pass, with the (B, T, V) logits (model.logits=full)
-and without them (chunked, liger), as ratios to the plain path.
+and without them (chunked, tiled, liger), as ratios to the plain path.
 
     python benchmarks/liger_memory.py                 # vocab 151,936 (Qwen2), T = 1,024, B = 4, on CPU: ~13 GB free
     python benchmarks/liger_memory.py --vocab 32000   # a quicker, smaller run
@@ -23,7 +23,7 @@ import subprocess
 import sys
 import time
 
-SETTINGS = ("full", "chunked", "liger")
+SETTINGS = ("full", "chunked", "tiled", "liger")
 
 
 def resident_mib() -> float:

@@ -1,5 +1,5 @@
-"""On one CUDA GPU: the log-prob paths (full, chunked, Liger's Triton kernels) agree there as they do on the CPU, and a
-run trains in bf16 with each. They skip without CUDA (benchmarks/gpu/run.sh runs them on a lent GPU machine)."""
+"""On one CUDA GPU: the log-prob paths (full, chunked, tiled, Liger's Triton kernels) agree there as they do on the CPU,
+and a run trains in bf16 with each. They skip without CUDA (benchmarks/gpu/run.sh runs them on a lent GPU machine)."""
 
 import importlib.util
 import json
@@ -24,7 +24,7 @@ def on_cuda(batch: dict) -> dict:
     return {name: tensor.cuda() for name, tensor in batch.items()}
 
 
-@pytest.mark.parametrize("logits", ["chunked", pytest.param("liger", marks=needs_liger)])
+@pytest.mark.parametrize("logits", ["chunked", "tiled", pytest.param("liger", marks=needs_liger)])
 def test_each_memory_saving_path_computes_the_full_paths_loss_and_gradients(registry, tiny_model, logits):
     cfg = grpo_kit.compose(["+loss=dapo", "algorithm.beta=0.04"], registry)
     objective = grpo_kit.build_objective(cfg, registry)
@@ -42,7 +42,7 @@ def test_each_memory_saving_path_computes_the_full_paths_loss_and_gradients(regi
         torch.testing.assert_close(other_grads[name], grad, atol=1e-5, rtol=1e-3, msg=name)
 
 
-@pytest.mark.parametrize("logits", ["full", "chunked", pytest.param("liger", marks=needs_liger)])
+@pytest.mark.parametrize("logits", ["full", "chunked", "tiled", pytest.param("liger", marks=needs_liger)])
 def test_a_run_trains_in_bf16_on_the_gpu(digits_registry, tiny_model, tmp_path, logits):
     overrides = tiny_run(tiny_model, "+reward=digits", "trainer.mixed_precision=bf16", f"model.logits={logits}")
     run_dir = grpo_kit.train(grpo_kit.compose(overrides, digits_registry), tmp_path / "run", digits_registry)

@@ -75,10 +75,12 @@ class ModelConfig:
     # tunes it). true, false, or auto: on where the model supports it, which the log says.
     gradient_checkpointing: Any = False
     # Large vocabularies (docs/training.md): full materialises the (B, T, V) logits; chunked never does (log-probs
-    # from the last hidden states, logits_chunk_size positions at a time); liger uses liger-kernel's fused linear
-    # GRPO loss where it equals the plain loss (TRL's use_liger_kernel; pip install 'grpo-kit[liger]'), else chunked.
+    # from the last hidden states, logits_chunk_size positions at a time); tiled holds no more than a tile of
+    # logits_chunk_size positions x logits_vocab_tile columns; liger uses liger-kernel's fused linear GRPO loss where
+    # it equals the plain loss (TRL's use_liger_kernel; pip install 'grpo-kit[liger]'), else chunked.
     logits: str = "full"
-    logits_chunk_size: int = 1024  # positions whose logits exist at once (chunked, and liger's metrics)
+    logits_chunk_size: int = 1024  # positions whose logits exist at once (chunked, tiled, and liger's metrics)
+    logits_vocab_tile: int = 32768  # vocabulary columns of a tile (tiled)
     # Speed-ups of the forward passes (docs/training.md, "Speed-ups"), each where it applies and giving the plain
     # pass's values up to float rounding; false takes the plain pass, to compare or to rule one out.
     mask_free_passes: bool = True  # no attention mask where each row's tokens are one span: rows moved left

@@ -5,7 +5,8 @@ predict the completion tokens, their log-softmax. The speed-ups beside it (grpo_
 "Speed-ups") each step in at one named point, and each gives these values up to float rounding:
 - `model_inputs`: the mask-free inputs (fast/mask_free.py);
 - `per_token_logps_and_entropies` and `last_hidden_states`: length groups (fast/length_groups.py);
-- `per_token_logps_and_entropies`: chunked logits, when the caller gives a chunk size (fast/chunked_logits.py);
+- `per_token_logps_and_entropies`: chunked logits, when the caller gives a chunk size (fast/chunked_logits.py), and
+  tiled logits, when it also gives a vocabulary tile (fast/tiled_logits.py);
 - `run_model`: the CPU's chunked causal attention (fast/causal_attention.py).
 With trainer.packing, `per_token_logps_and_entropies` and `last_hidden_states` run padding-free passes instead
 (packing.py), whose hidden states every logits path reads.
@@ -21,6 +22,7 @@ from grpo_kit.model.fast.chunked_logits import chunked_logps_and_entropies
 from grpo_kit.model.fast.length_groups import in_length_groups
 from grpo_kit.model.fast.mask_free import longest_move_for_logits, mask_free_inputs
 from grpo_kit.model.fast.switches import SpeedUps, speed_ups_of
+from grpo_kit.model.fast.tiled_logits import tiled_logps_and_entropies, why_not_tiled
 from grpo_kit.model.lora import AdapterFreeReference
 from grpo_kit.model.packing import CHECKED, PackedRows, check_packing, pack, unpacked
 
@@ -32,17 +34,22 @@ def per_token_logps_and_entropies(
     entropy_grad: bool = False,
     chunk_size: int | None = None,
     router: "RouterLoads | None" = None,
+    vocab_tile: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:  # (B, T), (B, T)
     """Log-probs of the completion tokens and the entropy of each next-token distribution.
 
     The entropies carry a gradient only when asked (an entropy bonus needs one); otherwise they are metrics.
-    With `chunk_size`, the (B, T, V) logits never exist: see `chunked_logps_and_entropies`. With `router`, a
+    With `chunk_size`, the (B, T, V) logits never exist: see `chunked_logps_and_entropies`; with `vocab_tile` too,
+    no row of logits either, wherever the head allows it: see `tiled_logps_and_entropies`. With `router`, a
     mixture-of-experts model's router logits are collected into it, for the load-balancing loss.
     """
     if chunk_size is not None:
         head = OutputHead(model)
         hidden = last_hidden_states(model, batch, head, router)
-        return chunked_logps_and_entropies(hidden, head, batch["completion_ids"], temperature, entropy_grad, chunk_size)
+        ids = batch["completion_ids"]
+        if vocab_tile is not None and why_not_tiled(head) is None:
+            return tiled_logps_and_entropies(hidden, head, ids, temperature, entropy_grad, chunk_size, vocab_tile)
+        return chunked_logps_and_entropies(hidden, head, ids, temperature, entropy_grad, chunk_size)
     packed = pack(batch) if speed_ups(model).packing else None
     if packed is not None:
         head = OutputHead(model)

@@ -5,6 +5,9 @@ This is the seam where a memory-saving path replaces the plain one, which materi
 - full: the model's logits, as TRL computes them without Liger;
 - chunked: the log-probs and entropies from the last hidden states, `model.logits_chunk_size` positions at a time,
   recomputed in the backward pass; any loss plugin, every objective feature;
+- tiled: the same, a tile of `model.logits_chunk_size` positions x `model.logits_vocab_tile` vocabulary columns at a
+  time, in the head's precision with a float32 running log-sum-exp (TRL's fused head tiles so); the chunked path
+  where the head is not a plain linear layer;
 - liger: liger-kernel's fused linear GRPO loss for the losses that declare a Liger equivalent and the settings in
   which it equals the plain objective (TRL's `use_liger_kernel`); the chunked path for everything else.
 Old and reference log-probs (no gradient) take the chunked path whenever `model.logits` is not full.
@@ -20,6 +23,7 @@ import torch
 from grpo_kit.contract.errors import ConfigError
 from grpo_kit.contract.kinds import Reduction
 from grpo_kit.model.fast.chunked_logits import chunked_logps_and_entropies
+from grpo_kit.model.fast.tiled_logits import tiled_logps_and_entropies, why_not_tiled
 from grpo_kit.model.logprobs import (
     OutputHead,
     RouterLoads,
@@ -31,7 +35,7 @@ from grpo_kit.objective.objective import Objective, ObjectiveOutput
 
 log = logging.getLogger(__name__)
 
-LOGITS = ("full", "chunked", "liger")
+LOGITS = ("full", "chunked", "tiled", "liger")
 
 
 class PolicyLoss:
@@ -45,16 +49,19 @@ class PolicyLoss:
         logits: str = "full",
         chunk_size: int = 1024,
         head_in_float32: bool = False,
+        vocab_tile: int = 32768,
     ):
         if logits not in LOGITS:
             raise ConfigError(f"model.logits={logits!r} is not one of {', '.join(LOGITS)}.")
         if chunk_size < 1:
             raise ConfigError(f"model.logits_chunk_size={chunk_size} must be at least 1.")
+        if vocab_tile < 1:
+            raise ConfigError(f"model.logits_vocab_tile={vocab_tile} must be at least 1.")
         self.objective, self.temperature, self.entropy_grad = objective, temperature, entropy_grad
-        self.logits, self.chunk_size = logits, chunk_size
+        self.logits, self.chunk_size, self.vocab_tile = logits, chunk_size, vocab_tile
         self.fused = None
         self.router_aux_loss_coef = 0.0  # set by `use_router_aux_loss` once the model is known
-        self.last_path: str | None = None  # the path the last micro-batch took: full, chunked or liger
+        self.last_path: str | None = None  # the path the last micro-batch took: full, chunked, tiled or liger
         self._logged: set[str] = set()
         if logits == "liger":
             from grpo_kit.objective.liger import FusedGRPOLoss
@@ -87,9 +94,19 @@ class PolicyLoss:
                 out = self._fused_loss(hidden, head, micro_batch, reduction)
                 return self._with_router_loss(out, router, reduction)
             self._fall_back(reason)
-        per_token_logps, entropies = chunked_logps_and_entropies(
-            hidden, head, micro_batch["completion_ids"], self.temperature, self.entropy_grad, self.chunk_size
-        )
+        ids = micro_batch["completion_ids"]
+        reason = why_not_tiled(head) if self.logits == "tiled" else None
+        if self.logits == "tiled" and reason is None:
+            self.last_path = "tiled"
+            per_token_logps, entropies = tiled_logps_and_entropies(
+                hidden, head, ids, self.temperature, self.entropy_grad, self.chunk_size, self.vocab_tile
+            )
+        else:
+            if reason is not None:
+                self._fall_back(reason)
+            per_token_logps, entropies = chunked_logps_and_entropies(
+                hidden, head, ids, self.temperature, self.entropy_grad, self.chunk_size
+            )
         out = self.objective(per_token_logps, entropies, micro_batch, reduction)
         return self._with_router_loss(out, router, reduction)
 
@@ -120,7 +137,10 @@ class PolicyLoss:
     def logps(self, model: Callable, micro_batch: dict[str, torch.Tensor], entropy_grad: bool = False):
         """(B, T) log-probs and entropies of the completion tokens under `model` (the policy or the reference)."""
         chunk_size = None if self.logits == "full" else self.chunk_size
-        return per_token_logps_and_entropies(model, micro_batch, self.temperature, entropy_grad, chunk_size)
+        vocab_tile = self.vocab_tile if self.logits == "tiled" else None
+        return per_token_logps_and_entropies(
+            model, micro_batch, self.temperature, entropy_grad, chunk_size, vocab_tile=vocab_tile
+        )
 
     def _fused_loss(self, hidden, head, micro_batch, reduction) -> ObjectiveOutput:
         module = head.module
@@ -136,7 +156,9 @@ class PolicyLoss:
     def _fall_back(self, reason: str) -> None:
         if reason not in self._logged:
             self._logged.add(reason)
-            log.warning("model.logits=liger: the chunked path computes this loss instead, because %s.", reason)
+            log.warning(
+                "model.logits=%s: the chunked path computes this loss instead, because %s.", self.logits, reason
+            )
 
 
 def build_policy_loss(cfg, objective: Objective) -> PolicyLoss:
@@ -148,4 +170,5 @@ def build_policy_loss(cfg, objective: Objective) -> PolicyLoss:
         logits=cfg.model.logits,
         chunk_size=cfg.model.logits_chunk_size,
         head_in_float32=cfg.model.cast_lm_head_to_fp32,
+        vocab_tile=cfg.model.logits_vocab_tile,
     )

@@ -356,6 +356,7 @@ RESUMABLE_CHANGES = {
     "trainer.progress_bar",
     "model.logits",
     "model.logits_chunk_size",
+    "model.logits_vocab_tile",
     "model.mask_free_passes",
     "model.length_groups",
     "model.cpu_chunked_attention",
