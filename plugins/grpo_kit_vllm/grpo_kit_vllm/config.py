@@ -12,7 +12,9 @@ TRANSPORTS = ("auto", "nccl", "gloo")
 
 @dataclass
 class VLLMServerConfig(GenerationConfig):
-    base_url: str = "http://127.0.0.1:8000"  # the server; with launch=vllm|test, where the started one listens
+    # The server. null: http://127.0.0.1:8000 (vllm serve's default) with launch=none, and a free port of 127.0.0.1 for
+    # a server this run starts (launch=vllm|test), which is refused a port that something already listens on.
+    base_url: str | None = None
     # none: a server you started (`vllm serve`, docs/generation.md); vllm: start `vllm serve` for this run; test: start
     # the CPU test server (grpo_kit_vllm.testing.server). A started server is stopped when the run ends.
     launch: str = "none"
@@ -43,7 +45,7 @@ class VLLMServerConfig(GenerationConfig):
             raise ConfigError(
                 f"generation.weight_transport={self.weight_transport!r}: choose one of {', '.join(TRANSPORTS)}."
             )
-        if not self.base_url.startswith(("http://", "https://")):
+        if self.base_url is not None and not self.base_url.startswith(("http://", "https://")):
             raise ConfigError(
                 f"generation.base_url={self.base_url!r} is not a URL: write it as http://HOST:PORT "
                 "(vllm serve listens on http://127.0.0.1:8000 by default)."

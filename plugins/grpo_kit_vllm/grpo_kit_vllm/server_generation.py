@@ -17,6 +17,7 @@ With several training processes only the main one talks to the server: it gather
 them as one batch, and hands each process the completions of its own prompts.
 """
 
+import dataclasses
 import importlib.util
 import ipaddress
 import logging
@@ -68,6 +69,7 @@ from grpo_kit_vllm.weights import base_model_path, named_weights
 
 log = logging.getLogger(__name__)
 
+DEFAULT_SERVER_URL = "http://127.0.0.1:8000"  # where `vllm serve` listens unless told otherwise
 GENERATE_ROUTE = "/inference/v1/generate"  # vLLM's tokens-in, tokens-out route: token ids with images
 MAX_CONCURRENT_REQUESTS = 32  # image prompts go one request each: sent together, so that vLLM batches them
 
@@ -99,6 +101,8 @@ class VLLMServerGeneration:
                 "generation.weight_transport=nccl needs this process on a CUDA device; on CPU use gloo (with the test "
                 "server, generation.launch=test)."
             )
+        # Every process asks the server for completions: the main process's choice of a free port reaches them all.
+        self.config = dataclasses.replace(self.config, base_url=on_main(accelerator, self._base_url))
         if self.transport == "gloo":
             self.weight_sync_host = weight_sync_host(self.config)
         self.client = ServerClient(self.config.base_url, self.config.request_timeout, self.config.retries)
@@ -109,6 +113,23 @@ class VLLMServerGeneration:
             self.close()  # a server started for this run stops with it
             raise
 
+    def _base_url(self) -> str:
+        """Where the server answers: a launched one listens on a port of its own, so that runs side by side (a
+        sweep's) never reach each other's server and take over its weight updates."""
+        url = self.config.base_url
+        if self.config.launch == "none":
+            return url or DEFAULT_SERVER_URL
+        if url is None:
+            return f"http://127.0.0.1:{free_port('127.0.0.1')}"
+        host, port = host_and_port(url)
+        if port_taken(host, port):
+            raise ConfigError(
+                f"generation.base_url={url}: something listens on port {port} already (another run's server?), so "
+                f"the server this run would start (generation.launch={self.config.launch}) could not, and this run "
+                "would talk to the other one. Leave generation.base_url unset to get a free port, or choose another."
+            )
+        return url
+
     def _connect(self) -> tuple[str, ServerInfo]:
         if self.config.launch != "none":
             self.server = self._launch()
@@ -116,7 +137,21 @@ class VLLMServerGeneration:
         else:
             self._wait_until_healthy(self.config.connect_timeout)
         model_id = self.client.get("/v1/models")["data"][0]["id"]
+        if self.server is not None and self.server.exited():  # it could not bind: whoever answered is another's
+            raise ServerError(
+                f"The generation server started for this run exited (code {self.server.process.returncode}) while "
+                f"another server answered at {self.config.base_url}. The end of its log ({self.server.log_path}):\n"
+                f"{self.server.log_tail()}"
+            )
         info = self._server_info()
+        if self.client.get("/is_paused").get("is_paused"):
+            # Another trainer is sending it weights, or died doing so and left it paused for good (vLLM's weight
+            # update belongs to no client and never expires): either way this run could not sync.
+            raise ServerError(
+                f"The vLLM server at {self.config.base_url} is paused: another trainer is sending it weights, or "
+                "stopped while it did. A server serves one run at a time: restart it, or let this run start its own "
+                "(generation.launch=vllm)."
+            )
         check_transport(info, self.transport, self.config.base_url, self._advice())
         check_tied_head(info, self.accelerator.unwrap_model(self.model), self.config.base_url)
         if self.transport == "nccl":
@@ -460,3 +495,12 @@ def free_port(host: str) -> int:
     with socket.socket() as probe:
         probe.bind((host, 0))
         return probe.getsockname()[1]
+
+
+def port_taken(host: str, port: int) -> bool:
+    with socket.socket() as probe:
+        try:
+            probe.bind((host, port))
+        except OSError:
+            return True
+    return False

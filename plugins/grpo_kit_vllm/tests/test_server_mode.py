@@ -36,7 +36,7 @@ from grpo_kit.plugins.registry import Registry, plugin_manager
 from grpo_kit.testing.contracts import GenerationContract, assert_contracts_cover
 from grpo_kit.testing.models import build_tiny_model, build_tiny_vision_model
 from grpo_kit.testing.runs import tiny_run
-from grpo_kit_vllm.client import ServerClient
+from grpo_kit_vllm.client import ServerClient, ServerError
 from grpo_kit_vllm.config import VLLMServerConfig
 from grpo_kit_vllm.server_generation import VLLMServerGeneration, weight_sync_host
 from grpo_kit_vllm.transport import digests
@@ -350,6 +350,36 @@ def test_a_weight_the_server_refuses_stops_the_run_at_once_and_leaves_the_server
         assert server.process.wait(timeout=60) == 0, "the stand-in exits after that answer, as vLLM's server does"
     finally:
         server.kill()
+
+
+def test_a_launched_server_listens_on_a_free_port_and_a_taken_port_is_refused(model_dir, server):
+    """Runs side by side (a sweep's) must never reach each other's server: the second would take over the first's
+    weight updates. `server` stands for another run's."""
+    model = AutoModelForCausalLM.from_pretrained(model_dir)
+    with pytest.raises(ConfigError, match=f"something listens on port {server.port} already"):
+        started_generation(model, model_dir, launch="test", base_url=server.url)
+    generation = started_generation(model, model_dir, launch="test", max_completion_length=2)
+    try:
+        port = int(generation.config.base_url.rsplit(":", 1)[1])
+        assert port not in (server.port, 8000) and generation.server.exited() is False
+        assert generation.generate([[3, 12, 4, 15]]).completion_ids.shape[0] == 1
+    finally:
+        generation.close()
+    # A server one started oneself is looked for where `vllm serve` listens by default.
+    with pytest.raises(ServerError, match="No vLLM server answers at http://127.0.0.1:8000 "):
+        started_generation(model, model_dir, connect_timeout=1)
+
+
+def test_a_server_paused_by_another_trainer_is_refused_at_the_start(model_dir, server):
+    """Another run mid-sync, or one that died mid-sync and left the server paused for good: this run could never
+    sync, and would take over the other's weight update."""
+    model = AutoModelForCausalLM.from_pretrained(model_dir)
+    server.post("/pause?mode=wait", {})
+    try:
+        with pytest.raises(ServerError, match="is paused: another trainer is sending it weights"):
+            started_generation(model, model_dir, base_url=server.url)
+    finally:
+        server.post("/resume", {})
 
 
 def test_a_server_off_loopback_needs_the_weight_sync_address_chosen_explicitly():
