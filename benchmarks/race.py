@@ -89,6 +89,9 @@ from pathlib import Path
 
 import pluggy
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # phases.py, beside this file, in every child
+from phases import PhaseTimer  # noqa: E402
+
 # grpo_kit's own hook marker (grpo_kit.hookimpl is this): importing grpo_kit here would load hydra into the TRL child.
 hookimpl = pluggy.HookimplMarker("grpo_kit")
 
@@ -184,8 +187,7 @@ def reward_function(workload: Workload):
 
 def cuda_peak_mib() -> float | None:
     """The process's peak allocated CUDA memory, where it used CUDA (ru_maxrss counts host memory only)."""
-    torch = sys.modules.get("torch")
-    return torch.cuda.max_memory_allocated() / 2**20 if torch and torch.cuda.is_initialized() else None
+    return PHASES.overall_peak_mib()
 
 
 def describe_processors(processors) -> list:
@@ -250,41 +252,7 @@ def on_train_end():
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Phase timers for --profile: wrappers around the functions a step is made of, recording (phase, start, end).
-
-
-class PhaseTimer:
-    def __init__(self):
-        self.intervals: list[tuple[str, float, float]] = []
-
-    def wrap(self, owner, attribute: str, phase) -> None:
-        """Time every call of `owner.attribute` as `phase` (a name, or a function of the call's arguments)."""
-        original = getattr(owner, attribute)
-
-        def timed(*args, **kwargs):
-            started = time.perf_counter()
-            try:
-                return original(*args, **kwargs)
-            finally:
-                name = phase(*args, **kwargs) if callable(phase) else phase
-                self.intervals.append((name, started, time.perf_counter()))
-
-        setattr(owner, attribute, timed)
-
-    def time(self, phase: str):
-        return _Interval(self, phase)
-
-
-class _Interval:
-    def __init__(self, timer: PhaseTimer, phase: str):
-        self.timer, self.phase = timer, phase
-
-    def __enter__(self):
-        self.started = time.perf_counter()
-
-    def __exit__(self, *_):
-        self.timer.intervals.append((self.phase, self.started, time.perf_counter()))
-
+# Phase timers for --profile (phases.py): every side's step, cut into the same rows.
 
 PHASES = PhaseTimer()
 
@@ -352,7 +320,7 @@ def phase_profile(intervals, step_ends: dict[int, float], first: int, last: int,
     window_start, window_end = step_ends[first - 1], step_ends[last]
     steps = last - first + 1
     totals: dict[str, float] = {}
-    for phase, started, ended in intervals:
+    for phase, started, ended, _ in intervals:
         if window_start <= started < window_end:
             totals[phase] = totals.get(phase, 0.0) + (ended - started) / steps
     profile = {row: totals.get(row, 0.0) for row in PROFILE_ROWS}
@@ -363,6 +331,20 @@ def phase_profile(intervals, step_ends: dict[int, float], first: int, last: int,
     timed = rollout + sum(profile[row] for row in ("forward+loss", "backward", "clip grad norm", "optimizer step"))
     profile["other"] = profile["step"] - timed
     return profile
+
+
+def phase_peaks(intervals, step_ends: dict[int, float], first: int, last: int, cycle: int) -> dict[str, float | None]:
+    """The peak allocated CUDA MiB within each phase over the same steps as `phase_profile` (None on a CPU, or for a
+    row that is no timed phase of its own); "step": the highest of them."""
+    first, last = whole_cycles(first, last, cycle)
+    window_start, window_end = step_ends[first - 1], step_ends[last]
+    peaks: dict[str, float] = {}
+    for phase, started, _, peak in intervals:
+        if peak is not None and window_start <= started < window_end:
+            peaks[phase] = max(peaks.get(phase, 0.0), peak)
+    rows = {row: peaks.get(row) for row in PROFILE_ROWS}
+    rows["step"] = max(peaks.values(), default=None)
+    return rows
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -394,6 +376,7 @@ def trl_child(
             return output
 
     if profile:
+        PHASES.synchronize = True
         time_trl_phases(PHASES, RecordingTrainer)
     sampling = []
     record_sampling(sampling)
@@ -465,7 +448,9 @@ def trl_child(
     out.write_text(json.dumps(record))
 
 
-def bare_child(workload: Workload, max_steps: int, workdir: Path, out: Path, seed: int, device: str) -> None:
+def bare_child(
+    workload: Workload, max_steps: int, workdir: Path, out: Path, profile: bool, seed: int, device: str
+) -> None:
     """The compute itself: generate, score, old/reference log-probs, forward/backward/clip/AdamW, in a plain loop.
     W4's adds what both trainers' defaults do there: gradient checkpointing, fused AdamW, and log-probs from the last
     hidden states a chunk of positions at a time, each chunk's logits recomputed in the backward pass."""
@@ -473,6 +458,7 @@ def bare_child(workload: Workload, max_steps: int, workdir: Path, out: Path, see
     from torch.utils.checkpoint import checkpoint
     from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
+    PHASES.synchronize = profile
     torch.manual_seed(seed)
     sampling = []
     record_sampling(sampling)
@@ -606,6 +592,7 @@ def bare_child(workload: Workload, max_steps: int, workdir: Path, out: Path, see
 def grpo_kit_profile_child() -> None:
     """`python -m grpo_kit ARGS` in this process, with its phases timed (--profile)."""
     sys.modules["race"] = sys.modules[__name__]  # GRPO_KIT_PLUGINS=race then finds these hooks and PHASES
+    PHASES.synchronize = True
     time_grpo_kit_phases(PHASES)
     from grpo_kit.cli.main import main as grpo_kit_main
 
@@ -772,8 +759,10 @@ def grpo_kit_overrides(workload: Workload, max_steps: int, workdir: Path, run_di
     return overrides
 
 
-def run_child(command: list[str], env: dict, log_path: Path) -> tuple[float, float]:
-    """Run `command` to its end; its peak resident MiB (from wait4, this child alone) and wall seconds."""
+def run_child(command: list[str], env: dict, log_path: Path) -> tuple[float, float, float]:
+    """Run `command` to its end; its peak resident MiB (from wait4, this child alone), and when it started and
+    ended on the clock its step ends are recorded with (perf_counter: CLOCK_MONOTONIC, one clock for every process
+    of the machine)."""
     started = time.perf_counter()
     with log_path.open("w") as log_file:
         process = subprocess.Popen(command, env=env, stdout=log_file, stderr=subprocess.STDOUT, cwd=REPOSITORY)
@@ -782,7 +771,7 @@ def run_child(command: list[str], env: dict, log_path: Path) -> tuple[float, flo
     if process.returncode != 0:
         tail = "\n".join(log_path.read_text().splitlines()[-40:])
         raise SystemExit(f"{' '.join(command[:4])} ... failed ({process.returncode}); its log {log_path} ends:\n{tail}")
-    return usage.ru_maxrss / 1024, time.perf_counter() - started  # Linux reports KiB
+    return usage.ru_maxrss / 1024, started, time.perf_counter()  # Linux reports KiB
 
 
 def run_side(
@@ -833,10 +822,14 @@ def run_side(
             device,
             *(["--profile"] if profile else []),
         ]
-    peak_mib, wall = run_child(command, env, log_path)
+    peak_mib, started, ended = run_child(command, env, log_path)
     record = json.loads(out.read_text())
     record["step_ends"] = {int(step): seconds for step, seconds in record["step_ends"].items()}
-    record |= {"peak_mib": peak_mib, "wall": wall}
+    record |= {"peak_mib": peak_mib, "wall": ended - started}
+    # Apart from the steps: the process's start to its first step's end (imports, loading, the first step), and
+    # its last step's end to its exit (the final save, if any, and the teardown).
+    record["to_first_step"] = record["step_ends"][1] - started
+    record["after_last_step"] = ended - record["step_ends"][max(record["step_ends"])]
     if device == "cuda":  # the GPU's memory is what runs out there
         record["peak_mib"] = record["cuda_peak_mib"]
     if side == "grpo_kit":
@@ -1014,6 +1007,8 @@ def summarise(workload: Workload, records: dict[str, list[dict]], first: int, la
             "round_medians": [
                 median(seconds_per_step(record["step_ends"], first, last, workload.num_iterations)) for record in runs
             ],
+            "to_first_step": statistics.mean(record["to_first_step"] for record in runs),
+            "after_last_step": statistics.mean(record["after_last_step"] for record in runs),
         }
     return row
 
@@ -1076,17 +1071,34 @@ def print_table(rows: dict[str, dict], ranges: dict[str, tuple[int, int]]) -> No
         )
         lengths = " / ".join(f"{row[side]['mean_length']:.1f}" for side in SIDES)
         print(f"  {name}: {rounds};  length grpo_kit/TRL/bare {lengths};  bare {row['bare']['peak_mib']:.0f} MiB")
+    print("apart from the steps, seconds from the process's start to its first step's end, and from its last step's")
+    print("end to its exit (the final save, if any, and the teardown):")
+    for name, row in rows.items():
+        print(
+            f"  {name}: "
+            + ",  ".join(
+                f"{side} {row[side]['to_first_step']:.1f} / {row[side]['after_last_step']:.1f}" for side in SIDES
+            )
+        )
 
 
 def print_profiles(profiles: dict[str, dict[str, dict]], ranges: dict[str, tuple[int, int]]) -> None:
+    """Each workload's phase table: seconds per step, share of the step, and on CUDA the peak allocated MiB within
+    the phase, side by side."""
     for name, by_side in profiles.items():
         first, last = whole_cycles(*ranges[name], WORKLOADS[name].num_iterations)
-        print(f"\n{name}: mean seconds per step by phase, steps {first}-{last}")
-        print(f"{'phase':20} " + " ".join(f"{side:>9} {'share':>6}" for side in by_side))
+        with_peaks = any(peak is not None for side in by_side.values() for peak in side["peak_mib"].values())
+        print(f"\n{name}: mean seconds per step by phase, steps {first}-{last}" + (", peak MiB" if with_peaks else ""))
+        peak_header = f" {'peak MiB':>9}" if with_peaks else ""
+        print(f"{'phase':20} " + " ".join(f"{side:>9} {'share':>6}{peak_header}" for side in by_side))
         for row in PROFILE_ROWS:
             cells = []
-            for side, profile in by_side.items():
-                cells.append(f"{profile[row]:9.3f} {profile[row] / profile['step']:6.1%}")
+            for profile in by_side.values():
+                seconds, peak = profile["seconds"], profile["peak_mib"][row]
+                cell = f"{seconds[row]:9.3f} {seconds[row] / seconds['step']:6.1%}"
+                if with_peaks:
+                    cell += f" {peak:9,.0f}" if peak is not None else f" {'':>9}"
+                cells.append(cell)
             print(f"{row:20} " + " ".join(cells))
 
 
@@ -1106,7 +1118,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2, help="runs of each side per workload, interleaved")
     parser.add_argument("--steps", type=parse_range, help="measured steps of W1 and W2, FIRST-LAST (default 6-30)")
     parser.add_argument("--w3-steps", type=parse_range, help="measured steps of W3, FIRST-LAST (default 3-8)")
-    parser.add_argument("--w4-steps", type=parse_range, help="measured steps of W4a/W4b, FIRST-LAST (default 3-8)")
+    parser.add_argument(
+        "--w4-steps", type=parse_range, help="measured steps of W4a, W4b and W4gpu, FIRST-LAST (default 3-8, W4gpu 2-6)"
+    )
     parser.add_argument("--quick", action="store_true", help="a smoke run: one round of a few steps")
     parser.add_argument("--profile", action="store_true", help="one run per side with per-phase timings instead")
     parser.add_argument(
@@ -1148,7 +1162,9 @@ def main() -> None:
             WORKLOADS[args.workload], args.max_steps, args.workdir, args.out, args.profile, args.seed, args.device
         )
     if args.child == "bare":
-        return bare_child(WORKLOADS[args.workload], args.max_steps, args.workdir, args.out, args.seed, args.device)
+        return bare_child(
+            WORKLOADS[args.workload], args.max_steps, args.workdir, args.out, args.profile, args.seed, args.device
+        )
     if args.child is not None:  # never start a whole race from a child
         parser.error(f"unknown --child {args.child}")
 
@@ -1161,12 +1177,12 @@ def main() -> None:
     sides = [side.strip() for side in args.sides.split(",")]
     if set(sides) - set(SIDES) or not sides:
         parser.error(f"--sides {args.sides}: choose from {', '.join(SIDES)}")
-    if sides != list(SIDES) and not args.profile:
+    if set(sides) != set(SIDES) and not args.profile:
         parser.error("--sides is for --profile: the race's table compares every side")
     rounds = 1 if args.quick or args.profile else args.rounds
     ranges = {}
     for name in names:
-        chosen = {"W3": args.w3_steps, "W4a": args.w4_steps, "W4b": args.w4_steps}.get(name, args.steps)
+        chosen = {"W3": args.w3_steps}.get(name, args.w4_steps if WORKLOADS[name].real_shape else args.steps)
         ranges[name] = chosen or (QUICK_STEPS[name] if args.quick else WORKLOADS[name].steps)
 
     workdir = args.resume or Path(tempfile.mkdtemp(prefix="grpo_kit-race-"))
@@ -1219,23 +1235,27 @@ def main() -> None:
         "generation batches, cap, W3 lengths, settings, learning rate, loss, optimizer steps, float32, kl, "
         "sampling processors, completion lengths)"
     )
+    figures = {"device": args.device, "failures": failures}
     if args.profile:
-        profiles = {
+        cycles = {name: (*ranges[name], WORKLOADS[name].num_iterations) for name in names}
+        figures["profiles"] = {
             name: {
-                side: phase_profile(
-                    runs[0]["phases"], runs[0]["step_ends"], *ranges[name], WORKLOADS[name].num_iterations
-                )
+                side: {
+                    "seconds": phase_profile(runs[0]["phases"], runs[0]["step_ends"], *cycles[name]),
+                    "peak_mib": phase_peaks(runs[0]["phases"], runs[0]["step_ends"], *cycles[name]),
+                }
                 for side, runs in records[name].items()
             }
             for name in names
         }
-        print_profiles(profiles, ranges)
-    else:
+        print_profiles(figures["profiles"], ranges)
+    if {"grpo_kit", "TRL"} <= set(sides):
+        figures["rows"] = {name: summarise(WORKLOADS[name], records[name], *ranges[name]) for name in names}
+    if set(sides) == set(SIDES):  # the table compares every side; a profile of all three has them too
         print()
-        rows = {name: summarise(WORKLOADS[name], records[name], *ranges[name]) for name in names}
-        print_table(rows, ranges)
-        if args.json:
-            args.json.write_text(json.dumps({"device": args.device, "failures": failures, "rows": rows}, indent=1))
+        print_table(figures["rows"], ranges)
+    if args.json:
+        args.json.write_text(json.dumps(figures, indent=1))
     minutes = (time.perf_counter() - started) / 60
     print(f"\n{minutes:.1f} minutes; load average at the end {os.getloadavg()[0]:.2f}")
     if args.keep:

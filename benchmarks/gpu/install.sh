@@ -1,4 +1,4 @@
-# Sourced by run.sh and profile.sh, in the repository root, with $python and $results set: installs the carried
+# Sourced by run.sh and speed.sh, in the repository root, with $python and $results set: installs the carried
 # wheels (benchmarks/gpu/wheels) and the project with no package index, writes versions.txt and pip-check.txt
 # under $results, and returns 1 where an install or an import fails.
 wheels=benchmarks/gpu/wheels
