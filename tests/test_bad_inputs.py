@@ -163,6 +163,17 @@ def test_generation_settings_the_core_cannot_take(registry, setting, message):
         grpo_kit.compose(["+reward=accuracy", setting], registry)
 
 
+@pytest.mark.parametrize("weight", ["nan", "inf", "-inf", "-1e39"])
+def test_a_reward_weight_beyond_float32_is_refused_when_composed(registry, weight):
+    with pytest.raises(ConfigError, match=r"reward.accuracy.weight=.*must be a finite number within float32"):
+        grpo_kit.compose(["+reward=accuracy", f"reward.accuracy.weight={weight}"], registry)
+
+
+def test_a_correct_threshold_that_is_no_number_is_refused_when_composed(registry):
+    with pytest.raises(ConfigError, match=r"eval.correct_threshold=nan must be a finite number"):
+        grpo_kit.compose(["+reward=accuracy", "eval.correct_threshold=nan"], registry)
+
+
 @pytest.mark.parametrize(
     "setting, message",
     [

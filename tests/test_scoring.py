@@ -9,9 +9,10 @@ import time
 import pytest
 import torch
 
+from grpo_kit.contract.advantages import weighted_rewards
 from grpo_kit.contract.errors import PluginError, RewardError
 from grpo_kit.plugins.registry import Registry, plugin_manager
-from grpo_kit.rollout.scoring import Scorer
+from grpo_kit.rollout.scoring import Scorer, checked_weighted_rewards
 
 PROMPTS = ["1+1=", "1+2=", "2+2="]
 COMPLETIONS = ["2", "4", "4"]
@@ -171,11 +172,21 @@ def test_a_reward_with_no_opinion_on_a_whole_batch_is_warned_about_once(caplog):
         ([1.0, "2", 3.0], r"Reward 'bad' returned '2' for completion 1: each value must be a finite number"),
         ([1.0, 2.0, float("nan")], r"Reward 'bad' returned nan for completion 2"),
         ([float("inf"), 2.0, 3.0], r"Reward 'bad' returned inf for completion 0"),
+        ([1.0, 1e39, 3.0], r"Reward 'bad' returned 1e\+39 for completion 1, beyond float32's range"),
     ],
 )
 def test_unusable_results_stop_the_run(returned, message):
     with Scorer({"bad": lambda **kwargs: returned}) as scorer, pytest.raises(RewardError, match=message):
         score(scorer)
+
+
+def test_a_weighted_sum_beyond_float32_stops_the_run():
+    """Each reward and weight is within float32, their sum is not: the advantages would be NaN."""
+    rewards = torch.tensor([[1.0, 3e38], [1.0, 0.0]])
+    assert torch.isinf(weighted_rewards(rewards, torch.tensor([1.0, 2.0]))).any()
+    with pytest.raises(RewardError, match=r"weighted sum of the rewards of completion 0 is inf.*Scale"):
+        checked_weighted_rewards(rewards, torch.tensor([1.0, 2.0]))
+    assert torch.isfinite(checked_weighted_rewards(rewards, torch.tensor([1.0, 0.5]))).all()
 
 
 CPU_HEAVY_MODULE = """

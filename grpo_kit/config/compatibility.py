@@ -8,6 +8,7 @@ an advantage that needs groups), so this file names no plugin. It reads them as 
 
 import dataclasses
 import logging
+import math
 import re
 
 from omegaconf import DictConfig
@@ -18,11 +19,13 @@ from grpo_kit.plugins.registry import Registry
 log = logging.getLogger(__name__)
 
 
+FLOAT32_MAX = 3.4028234663852886e38  # torch.finfo(torch.float32).max, without importing torch to compose
 MIXED_PRECISIONS = ("no", "bf16", "fp16", "auto")
 GRADIENT_CHECKPOINTING = (True, False, "auto")
 
 
 def check_compatibility(cfg: DictConfig, registry: Registry) -> None:
+    check_reward_weights(cfg.reward)
     check_generation(cfg.generation)
     check_training_length(cfg.trainer)
     loss = registry.get("loss", cfg.loss.name).traits
@@ -100,6 +103,16 @@ def check_compatibility(cfg: DictConfig, registry: Registry) -> None:
     if cfg.eval.num_generations is not None and cfg.eval.num_generations < 1:
         raise ConfigError(f"eval.num_generations={cfg.eval.num_generations} must be at least 1 (or null: as training).")
     check_eval(cfg.eval)
+
+
+def check_reward_weights(rewards: DictConfig) -> None:
+    """The weighted sum of the rewards is taken in float32: any other weight would make it infinite or NaN."""
+    for key, node in rewards.items():
+        if not (math.isfinite(node.weight) and abs(node.weight) <= FLOAT32_MAX):
+            raise ConfigError(
+                f"reward.{key}.weight={node.weight}: a reward's weight must be a finite number within float32's range "
+                "(|w| <= 3.4e38), e.g. 1 or 0.5: the rewards are summed in float32."
+            )
 
 
 def check_generation(generation: DictConfig) -> None:
@@ -181,6 +194,11 @@ def check_eval(evaluation: DictConfig) -> None:
                 f"(k={too_large[0]} is not): k completions are drawn from the num_samples sampled per prompt. Raise "
                 "eval.num_samples or lower k."
             )
+    if not math.isfinite(evaluation.correct_threshold):
+        raise ConfigError(
+            f"eval.correct_threshold={evaluation.correct_threshold} must be a finite number: a completion counts as "
+            "correct where its reward is at least this (1 by default)."
+        )
     if evaluation.temperature is not None and evaluation.temperature <= 0:
         raise ConfigError(
             f"eval.temperature={evaluation.temperature} must be positive: evaluation samples, as pass@k needs (a "

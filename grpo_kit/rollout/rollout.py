@@ -21,7 +21,7 @@ from grpo_kit.rollout.ahead import Generated, GenerationAhead
 from grpo_kit.rollout.images import ImagePrompts
 from grpo_kit.rollout.prompts import PromptSampler, is_conversational, prompt_text
 from grpo_kit.rollout.replay import RolloutRecorder, RolloutReplay
-from grpo_kit.rollout.scoring import Scorer
+from grpo_kit.rollout.scoring import Scorer, checked_weighted_rewards
 from grpo_kit.rollout.tool_use import ToolUse
 
 
@@ -115,7 +115,7 @@ class Rollout:
             completion_ids=completion_ids,
             generated=generated,
             rewards_per_func=scores.rewards,  # (N, K)
-            rewards=weighted_rewards(scores.rewards, self.reward_weights),
+            rewards=checked_weighted_rewards(scores.rewards, self.reward_weights),
             num_generations=num_generations,
             metrics=scores.metrics,
             extra_columns=scores.extra_columns,

@@ -40,10 +40,13 @@ from dataclasses import dataclass, field
 
 import torch
 
+from grpo_kit.contract.advantages import weighted_rewards
 from grpo_kit.contract.errors import PluginError, RewardError
 from grpo_kit.contract.kinds import declared
 
 log = logging.getLogger(__name__)
+
+FLOAT32_MAX = torch.finfo(torch.float32).max
 
 # The CPUs this process may use (a container's or taskset's share of the machine), where the platform says.
 _CPUS = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
@@ -344,6 +347,20 @@ def _extra_columns(columns: dict[str, list], count: int) -> dict[str, list]:
     return dict(columns)
 
 
+def checked_weighted_rewards(rewards_per_func: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:  # (N,)
+    """The weighted sum of each completion's rewards (NaN: no opinion, left out), refused where it overflows
+    float32: every advantage of the batch would be NaN, and the run would go on learning nothing."""
+    rewards = weighted_rewards(rewards_per_func, weights)  # (N,)
+    if not torch.isfinite(rewards).all():
+        row = int((~torch.isfinite(rewards)).nonzero()[0])
+        raise RewardError(
+            f"The weighted sum of the rewards of completion {row} is {rewards[row].item()}: the rewards "
+            f"{rewards_per_func[row].tolist()} times their weights {weights.tolist()} overflow float32 (3.4e38). "
+            "Scale the rewards or their weights down."
+        )
+    return rewards
+
+
 def _checked(name: str, values, rows: list[int]) -> list[float]:
     if hasattr(values, "tolist"):  # a numpy array or a tensor, which TRL accepts too
         values = values.tolist()
@@ -361,6 +378,11 @@ def _checked(name: str, values, rows: list[int]) -> list[float]:
             raise RewardError(
                 f"Reward {name!r} returned {value!r} for completion {row}: each value must be a finite "
                 "number, or None for no opinion."
+            )
+        elif abs(value) > FLOAT32_MAX:  # finite in Python, infinite in the float32 scores
+            raise RewardError(
+                f"Reward {name!r} returned {value!r} for completion {row}, beyond float32's range (|r| <= 3.4e38) in "
+                "which the scores are kept: it would become infinite. Scale the reward down."
             )
         else:
             checked.append(float(value))
