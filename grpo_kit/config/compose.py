@@ -84,8 +84,13 @@ class ModelConfig:
     # Speed-ups of the forward passes (docs/training.md, "Speed-ups"), each where it applies and giving the plain
     # pass's values up to float rounding; false takes the plain pass, to compare or to rule one out.
     mask_free_passes: bool = True  # no attention mask where each row's tokens are one span: rows moved left
-    length_groups: bool = True  # a micro-batch of mixed completion lengths as two passes, each cut to its longest
+    # A micro-batch of mixed completion lengths as two passes, each cut to its longest: true, false, or auto (on, but
+    # on a CUDA GPU, where each pass's shape costs kernel plans). `Any`: a boolean or "auto".
+    length_groups: Any = "auto"
     cpu_chunked_attention: bool = True  # a CPU model's SDPA causal attention in chunks of 64 queries
+    # Each training pass's width (prompt + completion columns) rounded up to a multiple of this many tokens, so that a
+    # GPU sees few shapes (TRL's pad_to_multiple_of): a number, null, or auto (64 on a CUDA GPU, none elsewhere).
+    pad_to_multiple_of: Any = "auto"
     lora: LoraConfig = field(default_factory=LoraConfig)
     # A vision-language model's image encoder (docs/vision.md): true trains it (LoRA: adapters on it too), false
     # keeps it as loaded; auto trains it in full fine-tuning (as TRL does) and keeps it under LoRA.

@@ -12,6 +12,8 @@ from grpo_kit.contract.errors import ConfigError
 from grpo_kit.contract.lora import has_adapters
 from grpo_kit.embedded import sums as embedded
 from grpo_kit.embedded import vision as embedded_vision
+from grpo_kit.model.fast.length_groups import check_length_groups
+from grpo_kit.model.fast.stable_widths import check_multiple
 from grpo_kit.model.fast.switches import SpeedUps, use_speed_ups
 from grpo_kit.model.lora import AdapterFreeReference, add_adapters, check_peft_installed
 from grpo_kit.model.vision import is_vision_language
@@ -22,6 +24,8 @@ log = logging.getLogger(__name__)
 def load_model(cfg: ModelConfig, checkpointing_kwargs: dict | None = None):
     """The policy as `cfg` asks for it (adapters, dropout, head precision, checkpointing with
     `checkpointing_kwargs`, the speed-ups its passes take), and its tokenizer."""
+    check_length_groups(cfg.length_groups)
+    check_multiple(cfg.pad_to_multiple_of)
     if cfg.lora.enabled:
         check_peft_installed()
     path = model_folder(cfg)
@@ -48,7 +52,8 @@ def load_model(cfg: ModelConfig, checkpointing_kwargs: dict | None = None):
         model = add_adapters(model, cfg.lora, exclude=None if train_vision_tower else vision_tower_name(model))
     if cfg.disable_dropout:  # after the adapters, whose own dropout goes too
         disable_dropout(model)
-    use_speed_ups(model, SpeedUps(cfg.mask_free_passes, cfg.length_groups, cfg.cpu_chunked_attention))
+    switches = (cfg.mask_free_passes, cfg.length_groups, cfg.cpu_chunked_attention)
+    use_speed_ups(model, SpeedUps(*switches, pad_to_multiple_of=cfg.pad_to_multiple_of))
     return model, tokenizer
 
 

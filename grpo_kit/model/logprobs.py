@@ -4,7 +4,8 @@ One forward pass over each row's prompt and completion with its attention mask, 
 predict the completion tokens, their log-softmax. The speed-ups beside it (grpo_kit/model/fast/, docs/training.md,
 "Speed-ups") each step in at one named point, and each gives these values up to float rounding:
 - `model_inputs`: the mask-free inputs (fast/mask_free.py);
-- `per_token_logps_and_entropies` and `last_hidden_states`: length groups (fast/length_groups.py);
+- `per_token_logps_and_entropies` and `last_hidden_states`: length groups (fast/length_groups.py), and each pass's
+  width rounded up to a multiple (fast/stable_widths.py);
 - `per_token_logps_and_entropies`: chunked logits, when the caller gives a chunk size (fast/chunked_logits.py), and
   tiled logits, when it also gives a vocabulary tile (fast/tiled_logits.py);
 - `run_model`: the CPU's chunked causal attention (fast/causal_attention.py).
@@ -21,7 +22,8 @@ from grpo_kit.model.fast.causal_attention import chunked_causal_attention_on_cpu
 from grpo_kit.model.fast.chunked_logits import chunked_logps_and_entropies
 from grpo_kit.model.fast.length_groups import in_length_groups
 from grpo_kit.model.fast.mask_free import longest_move_for_logits, mask_free_inputs
-from grpo_kit.model.fast.switches import SpeedUps, speed_ups_of
+from grpo_kit.model.fast.stable_widths import at_a_multiple_width, width_multiple
+from grpo_kit.model.fast.switches import SpeedUps, speed_ups_of, takes_length_groups
 from grpo_kit.model.fast.tiled_logits import tiled_logps_and_entropies, why_not_tiled
 from grpo_kit.model.lora import AdapterFreeReference
 from grpo_kit.model.packing import CHECKED, PackedRows, check_packing, pack, unpacked
@@ -59,7 +61,7 @@ def per_token_logps_and_entropies(
     def logits_pass(part):
         return _logps_and_entropies_of_logits(model, part, temperature, entropy_grad, router)
 
-    return in_length_groups(logits_pass, batch) if speed_ups(model).length_groups else logits_pass(batch)
+    return in_passes(model, logits_pass, batch)
 
 
 def _logps_and_entropies_of_logits(model, batch, temperature: float, entropy_grad: bool, router=None):  # (B, T), (B, T)
@@ -232,7 +234,19 @@ def last_hidden_states(
     def hidden_pass(part):
         return _last_hidden_states(model, part, head, router)
 
-    return in_length_groups(hidden_pass, batch) if speed_ups(model).length_groups else hidden_pass(batch)
+    return in_passes(model, hidden_pass, batch)
+
+
+def in_passes(model, forward, batch: dict[str, torch.Tensor]):
+    """`forward(batch)` as the padded path runs it: in length groups where they apply, each pass's width rounded up to
+    model.pad_to_multiple_of."""
+    device = batch["completion_ids"].device
+    multiple = width_multiple(speed_ups(model).pad_to_multiple_of, device)
+
+    def one_pass(part):
+        return at_a_multiple_width(forward, part, multiple)
+
+    return in_length_groups(one_pass, batch) if takes_length_groups(speed_ups(model), device) else one_pass(batch)
 
 
 def _last_hidden_states(model, batch: dict[str, torch.Tensor], head: OutputHead, router=None) -> torch.Tensor:

@@ -8,15 +8,26 @@ padding after it, and prompts keep their columns, so their positions.
 
 When it applies: where the two passes cover at least MIN_SAVING fewer positions than one; otherwise one pass runs.
 
-Switch: model.length_groups=false always runs one pass. Figures: benchmarks/README.md, "Length groups".
+On a CUDA GPU it is off unless asked for (model.length_groups=auto): each group is one more pass and one more shape,
+whose kernel plans cost more there than the padding they save.
+
+Switch: model.length_groups=false always runs one pass, true splits wherever it saves. Figures: benchmarks/README.md,
+"Length groups".
 """
 
 import torch
 from torch import nn
 
+from grpo_kit.contract.errors import ConfigError
 from grpo_kit.model.vision import VISION_COLUMNS
 
 MIN_SAVING = 0.2  # two forward passes instead of one where they cover at least this share fewer positions
+
+
+def check_length_groups(setting) -> None:
+    """Refuse a model.length_groups that is neither true, false nor auto."""
+    if setting not in (True, False, "auto"):
+        raise ConfigError(f"model.length_groups={setting!r} must be true, false or auto (on, but on a CUDA GPU).")
 
 
 def length_groups(completion_mask: torch.Tensor, prompt_length: int) -> list[torch.Tensor]:
