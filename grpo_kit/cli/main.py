@@ -36,6 +36,7 @@ from grpo_kit.config.compose import (
     store_configs,
     with_presets,
 )
+from grpo_kit.config.secrets import redacted, redacted_overrides, secret_paths
 from grpo_kit.contract.errors import ConfigError, UserError
 from grpo_kit.contract.kinds import KINDS
 from grpo_kit.model.threads import wait_passively
@@ -96,7 +97,8 @@ def main() -> None:
         hydra_cfg = HydraConfig.get()
         run_dir = Path(hydra_cfg.runtime.output_dir)
         in_sweep = hydra_cfg.mode == RunMode.MULTIRUN
-        composed = OmegaConf.to_yaml(cfg)
+        composed = OmegaConf.to_yaml(OmegaConf.create(redacted(cfg, resolve=False)))
+        secrets = secret_paths(cfg)
         try:
             cfg = complete(cfg, registry)
             check_rewards_chosen(cfg, registry)  # here, not when the rewards are built: before torch loads
@@ -115,7 +117,7 @@ def main() -> None:
             claim_run_directory(run_dir, cfg)
         except UserError as error:  # another run's folder, or a resume refused: it stays as it is
             return refused(error, in_sweep)
-        write_hydra_files(run_dir, composed)
+        write_hydra_files(run_dir, composed, secrets)
         with run_log(run_dir) as log_file:
             try:
                 train(cfg, run_dir, registry)
@@ -180,14 +182,18 @@ def refused(error: UserError, in_sweep: bool) -> None:
     log.error("This run was refused: %s", error)
 
 
-def write_hydra_files(run_dir: Path, composed: str) -> None:
-    """What Hydra writes into .hydra/ before a run, written once the run has claimed its directory."""
-    hydra_cfg = HydraConfig.get()
+def write_hydra_files(run_dir: Path, composed: str, secrets: set[str]) -> None:
+    """What Hydra writes into .hydra/ before a run, written once the run has claimed its directory, with no secret
+    option given literally on the command line (config/secrets.py)."""
+    record = OmegaConf.to_container(HydraConfig.get(), resolve=False)  # a ListConfig would resolve ${oc.env:...}
+    job, overrides = record["job"], record["overrides"]
+    overrides["task"] = redacted_overrides(overrides["task"], secrets)
+    job["override_dirname"] = ",".join(redacted_overrides(job["override_dirname"].split(","), secrets))
     folder = run_dir / ".hydra"
     folder.mkdir(exist_ok=True)
     (folder / "config.yaml").write_text(composed)
-    OmegaConf.save(OmegaConf.create({"hydra": hydra_cfg}), folder / "hydra.yaml")
-    OmegaConf.save(hydra_cfg.overrides.task, folder / "overrides.yaml")
+    OmegaConf.save(OmegaConf.create({"hydra": record}), folder / "hydra.yaml")
+    OmegaConf.save(OmegaConf.create(overrides["task"]), folder / "overrides.yaml")
 
 
 def write_error_file(run_dir: Path, failure: str) -> None:

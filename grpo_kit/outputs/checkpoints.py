@@ -33,6 +33,7 @@ from omegaconf import DictConfig, OmegaConf
 from safetensors import SafetensorError
 
 from grpo_kit.config.compose import is_main_process
+from grpo_kit.config.secrets import REDACTED, redacted
 from grpo_kit.contract.errors import ConfigError, InputFileError
 
 log = logging.getLogger(__name__)
@@ -319,10 +320,18 @@ def resume_command(run_dir: Path) -> str:
     """The command that continues this run: the overrides it was started with (.hydra/overrides.yaml, written by
     the CLI), its directory and trainer.resume=auto."""
     overrides_file = run_dir / ".hydra" / "overrides.yaml"
-    overrides = list(OmegaConf.load(overrides_file)) if overrides_file.is_file() else []
+    # Unresolved: an override '${oc.env:KEY}' is given again as it was, not as its value.
+    overrides = (
+        OmegaConf.to_container(OmegaConf.load(overrides_file), resolve=False) if overrides_file.is_file() else []
+    )
     kept = [o for o in overrides if not o.startswith(("trainer.resume=", "hydra.run.dir=", "hydra.sweep.dir="))]
+    secrets = [o.partition("=")[0].lstrip("+~") for o in kept if o.endswith(f"={REDACTED}")]
+    kept = [o for o in kept if not o.endswith(f"={REDACTED}")]
     words = ["python", "-m", "grpo_kit", *kept, "trainer.resume=auto", f"hydra.run.dir={run_dir.resolve()}"]
-    return " ".join(shlex.quote(word) for word in words)
+    command = " ".join(shlex.quote(word) for word in words)
+    if secrets:  # given literally, so recorded nowhere: the user gives them again
+        command += f"  (and your {', '.join(secrets)}, which no file records: add it, best as '${{oc.env:NAME}}')"
+    return command
 
 
 def load_checkpoint(path: Path) -> dict:
@@ -360,6 +369,7 @@ RESUMABLE_CHANGES = {
     "model.mask_free_passes",
     "model.length_groups",
     "model.cpu_chunked_attention",
+    "model.pad_to_multiple_of",
 }
 
 
@@ -367,7 +377,7 @@ def check_resumable(saved: dict, cfg: DictConfig, checkpoint: Path) -> None:
     """Refuse to resume under other settings (unless trainer.resume_force): the result would be neither run."""
     changed = [
         f"{key}: {before!r} -> {after!r}" + _why_it_matters(key, cfg)
-        for key, before, after in _differences(saved, as_json(OmegaConf.to_container(cfg, resolve=True)))
+        for key, before, after in _differences(saved, as_json(redacted(cfg)))
         if key not in RESUMABLE_CHANGES and not (key in LENGTH_SETTINGS and _schedule_is_constant(cfg))
     ]
     if changed and not cfg.trainer.resume_force:

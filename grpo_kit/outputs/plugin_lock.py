@@ -15,6 +15,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
+from grpo_kit.config.secrets import redacted
 from grpo_kit.outputs.checkpoints import RESUMABLE_CHANGES
 from grpo_kit.plugins.registry import ENTRY_POINT_GROUP, Registry
 
@@ -44,7 +45,7 @@ def current_lock(registry: Registry, cfg: DictConfig | None = None) -> dict:
 def config_sha256(cfg: DictConfig) -> str:
     """The resolved config's hash, without the settings that a resumed run may change (trainer.resume, ...)
     without changing what it computes."""
-    resolved = OmegaConf.to_container(cfg, resolve=True)
+    resolved = redacted(cfg)  # a new API key changes nothing computed
     for key in RESUMABLE_CHANGES:
         section, name = key.split(".")
         resolved[section].pop(name, None)

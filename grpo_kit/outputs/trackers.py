@@ -16,8 +16,9 @@ from pathlib import Path
 
 from accelerate.tracking import TensorBoardTracker
 from accelerate.utils import is_tensorboard_available, is_trackio_available, is_wandb_available
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
+from grpo_kit.config.secrets import redacted
 from grpo_kit.contract.errors import ConfigError
 from grpo_kit.contract.hookspecs import hookimpl
 
@@ -67,7 +68,7 @@ class TrackerLogger:
         run_name = t.run_name or "/".join(run.directory.resolve().parts[-2:])
         run.accelerator.init_trackers(
             t.project,
-            config=flat_config(OmegaConf.to_container(run.cfg, resolve=True)),
+            config=flat_config(redacted(run.cfg)),
             init_kwargs={"wandb": {"dir": str(run.directory), "name": run_name}, "trackio": {"name": run_name}},
         )
 

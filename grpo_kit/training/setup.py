@@ -16,6 +16,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from grpo_kit.config.compatibility import corrects_rollouts
 from grpo_kit.config.compose import complete, options
+from grpo_kit.config.secrets import redacted
 from grpo_kit.contract.eos import eos_token_ids
 from grpo_kit.contract.errors import ConfigError
 from grpo_kit.contract.pipeline import Run
@@ -119,7 +120,7 @@ def setup(cfg: DictConfig, run_dir: Path, registry: Registry) -> tuple[Session, 
             log.info("%d processes train this run (%s)", accelerator.num_processes, accelerator.distributed_type.value)
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "error.txt").unlink(missing_ok=True)  # left by an attempt that failed before this one
-        (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
+        (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.create(redacted(cfg))))
     set_seed(cfg.seed)
 
     images = image_prompts(cfg, every_prompt_set, generation)  # reads every image now: a bad one fails here
@@ -242,7 +243,7 @@ def setup(cfg: DictConfig, run_dir: Path, registry: Registry) -> tuple[Session, 
             scheduler=scheduler,
             sampler=sampler,
             entropy_control=objective.entropy_control,
-            config=OmegaConf.to_container(cfg, resolve=True),
+            config=redacted(cfg),  # what the checkpoints' config.json holds
             moving_reference=reference if algo.sync_ref_model else None,
             replay=replay,
             recorder=rollout.recorder,

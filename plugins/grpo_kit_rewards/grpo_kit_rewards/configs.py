@@ -10,6 +10,7 @@ from typing import Any
 from omegaconf import II
 
 from grpo_kit import RewardConfig
+from grpo_kit.contract.secrets import secret
 
 
 @dataclass
@@ -83,7 +84,9 @@ class JudgeConfig(RewardConfig):
     score_max: float = 10.0  # the judge's score that becomes reward 1.0 (linear between); above it: a failure
     max_tokens: int = 512  # the judge's answer, at most
     temperature: float = 0.0  # the judge's sampling temperature; 0: greedy, the same answer each time
-    api_key: str | None = None  # sent as a bearer token; e.g. reward.judge.api_key='${oc.env:OPENAI_API_KEY}'
+    # Sent as a bearer token, to base_url's host alone; e.g. reward.judge.api_key='${oc.env:OPENAI_API_KEY}'. A secret:
+    # written to no file (grpo_kit.contract.secrets).
+    api_key: str | None = secret()
     concurrency: int = 8  # requests in flight at once
     timeout_s: float = 30.0  # per request; the whole batch is also bounded by trainer.reward_timeout
     retries: int = 2  # further attempts after a request fails to get an answer (no connection, timeout, 429, 5xx)
