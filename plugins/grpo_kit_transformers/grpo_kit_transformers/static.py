@@ -67,7 +67,7 @@ class StaticDecoder:
 
     def __init__(self):
         self.capacity = 0
-        # Completing a config reads values on the host (its special tokens' checks): done once per config of the run.
+        # Completing a config reads values on the host (its special tokens' checks): done once per config.
         self.prepared: list[tuple[GenerationConfig, GenerationConfig]] = []
 
     def capacity_for(self, prompt_length: int, max_new_tokens: int) -> int:
@@ -77,11 +77,12 @@ class StaticDecoder:
         return self.capacity
 
     def completed(self, model, generation_config: GenerationConfig, device) -> GenerationConfig:
-        for given, completed in self.prepared:
-            if given is generation_config:
-                return completed
-        self.prepared.append((generation_config, prepared(model, generation_config, device)))
-        return self.prepared[-1][1]
+        """`generation_config` as `generate` completes it, kept for the two configs used last (the run's, and
+        evaluation's, which is made afresh at each evaluation)."""
+        kept = [pair for pair in self.prepared if pair[0] is generation_config]
+        pair = kept[0] if kept else (generation_config, prepared(model, generation_config, device))
+        self.prepared = [other for other in self.prepared if other is not pair][-1:] + [pair]
+        return pair[1]
 
     @torch.no_grad()
     def sample(self, model, prompt_ids, attention_mask, generation_config: GenerationConfig, with_logprobs=False):
@@ -114,7 +115,8 @@ class StaticDecoder:
 def cuda_graph(step):
     """`step` recorded as a CUDA graph (run once on a side stream first): a function that replays it."""
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+    # thread_local: what other threads (reward workers, data loading) ask of CUDA meanwhile is not the capture's
+    with torch.cuda.graph(graph, capture_error_mode="thread_local"):
         step()
     return graph.replay
 

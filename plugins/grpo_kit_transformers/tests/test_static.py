@@ -230,3 +230,16 @@ def test_a_bf16_policy_samples_with_the_recorded_static_loop(tiny_model, fresh_a
     assert (out.completion_mask == (torch.arange(out.completion_mask.shape[1], device="cuda") < lengths[:, None])).all()
     assert torch.isfinite(out.sampling_per_token_logps).all() and (out.sampling_per_token_logps <= 0).all()
     assert 1 < lengths.float().mean() < 24, "hot sampling from a random model ends some completions, not all at once"
+
+
+def test_the_runs_config_and_evaluations_are_completed_once_each(model_and_prompts, monkeypatch):
+    import grpo_kit_transformers.static as static
+
+    model, tokenizer, _ = model_and_prompts
+    completions = []
+    monkeypatch.setattr(static, "prepared", lambda *args: completions.append(args[1]) or args[1])
+    decoder = StaticDecoder()
+    run, evaluation, next_evaluation = (config(tokenizer, 4) for _ in range(3))
+    for generation_config in (run, run, evaluation, run, run, next_evaluation, run, run):
+        decoder.completed(model, generation_config, "cpu")
+    assert [id(c) for c in completions] == [id(run), id(evaluation), id(next_evaluation)]
