@@ -93,8 +93,7 @@ class StaticDecoder:
         capacity = self.capacity_for(prompt_ids.shape[1], max_new_tokens)
         batch = StaticBatch(model, prompt_ids, attention_mask, generation_config, capacity, with_logprobs)
         batch.prefill()
-        graphed = prompt_ids.device.type == "cuda"
-        step = batch.decode_step if not graphed else None
+        step = None if records_graphs(prompt_ids.device) else batch.decode_step
         steps = 1
         while steps < max_new_tokens:
             if step is None:  # the first decode step warms up on a side stream, the second is recorded
@@ -110,6 +109,11 @@ class StaticDecoder:
         width = steps if width is None else width + 1
         ids = batch.completion_ids[:, :width]
         return ids, None if batch.logps is None else batch.logps[:, :width]
+
+
+def records_graphs(device: torch.device) -> bool:
+    """Whether the decode step is recorded as a CUDA graph on `device` (else it runs eagerly)."""
+    return device.type == "cuda"
 
 
 def cuda_graph(step):

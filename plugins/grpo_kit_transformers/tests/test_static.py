@@ -74,6 +74,26 @@ def test_with_the_same_seed_it_samples_generates_tokens_and_their_log_probs(mode
     torch.testing.assert_close(logps, expected, atol=1e-5, rtol=0)  # -inf alike where a filter dropped the pad
 
 
+@pytest.mark.parametrize("max_new_tokens", [1, 2, 3, 16])
+def test_the_order_of_a_recorded_step_draws_the_same_tokens(model_and_prompts, max_new_tokens, monkeypatch):
+    """On CUDA the first decode step runs on a side stream, the second is recorded (not run) and every later one
+    replays it: the same steps in the same order, simulated here with the eager step in each role."""
+    import grpo_kit_transformers.static as static
+
+    model, tokenizer, prompts = model_and_prompts
+    generation_config = config(tokenizer, max_new_tokens, temperature=1.5)
+    torch.manual_seed(4)
+    expected, _ = StaticDecoder().sample(model, prompts.input_ids, prompts.attention_mask, generation_config)
+    recorded = []
+    monkeypatch.setattr(static, "records_graphs", lambda device: True)
+    monkeypatch.setattr(static.StaticBatch, "decode_step_on_side_stream", static.StaticBatch.decode_step)
+    monkeypatch.setattr(static, "cuda_graph", lambda step: recorded.append(step) or step)  # recorded, not run
+    torch.manual_seed(4)
+    ids, _ = StaticDecoder().sample(model, prompts.input_ids, prompts.attention_mask, generation_config)
+    assert torch.equal(ids, expected)
+    assert len(recorded) == (1 if max_new_tokens > 2 else 0)
+
+
 def test_the_exponential_race_is_multinomials_draw():
     probs = torch.randn(64, 500, generator=torch.Generator().manual_seed(0)).softmax(-1)
     probs[:, :100] = 0  # filtered tokens
