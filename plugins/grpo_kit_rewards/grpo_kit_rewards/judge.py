@@ -6,8 +6,10 @@ the default: a judge model is served as a chat model) or to `/v1/completions` as
 The score is read from the answer by `score_pattern`: its last match (a judge reasons first and concludes), the
 pattern's first group where it has one, mapped linearly from [score_min, score_max] to [0, 1].
 
-Requests run `concurrency` at a time, each with `timeout_s` seconds; one that fails to get an answer (no
-connection, a timeout, HTTP 429 or 5xx) is tried again up to `retries` times, `retry_delay_s` doubling each time.
+Requests run `concurrency` at a time, each within `timeout_s` seconds from connecting to its answer's last byte, and
+an answer of at most 1 MiB. One that fails to get an answer (no connection, a timeout, HTTP 429 or 5xx, a broken or
+malformed answer) is tried again up to `retries` times, `retry_delay_s` doubling each time. A redirect is never
+followed: the API key goes to `base_url`'s host alone, and the score comes from it alone.
 A row whose request still fails, or whose answer holds no score in range, is a judge failure, handled by
 `on_failure`: `zero` scores it 0.0 and counts it in the metric `rewards/judge/failed_rows` (rows per batch), with
 a warning the first time; `stop` stops the run with a RewardError naming the row and the cause. Never a silent
@@ -15,13 +17,14 @@ constant.
 """
 
 import concurrent.futures
+import http.client
 import json
 import logging
+import math
 import re
 import string
 import time
-import urllib.error
-import urllib.request
+from urllib.parse import urlsplit
 
 from grpo_kit import ConfigError, RewardError
 from grpo_kit_rewards.text import completion_text
@@ -31,6 +34,7 @@ log = logging.getLogger(__name__)
 FAILED_ROWS_METRIC = "rewards/judge/failed_rows"
 ROUTES = {"chat": "/chat/completions", "completions": "/completions"}
 RETRIED_STATUSES = {408, 429, 500, 502, 503, 504}  # the server is busy or restarting: asking again may work
+MAX_ANSWER_BYTES = 1 << 20  # an answer of max_tokens tokens is a few KB: more is no judge's answer
 
 
 class JudgeFailure(Exception):
@@ -51,8 +55,15 @@ class Judge:
             raise ConfigError(f"reward.judge.on_failure={config.on_failure} is not one of: zero, stop.")
         if config.concurrency < 1 or config.timeout_s <= 0 or config.retries < 0:
             raise ConfigError("reward.judge needs concurrency >= 1, timeout_s > 0 and retries >= 0.")
+        if not (math.isfinite(config.score_min) and math.isfinite(config.score_max)):
+            raise ConfigError(
+                f"reward.judge needs finite score_min and score_max, got {config.score_min}, {config.score_max}: "
+                "they map the judge's scores linearly onto [0, 1]."
+            )
         if not config.score_min < config.score_max:
             raise ConfigError(f"reward.judge needs score_min < score_max, got {config.score_min}, {config.score_max}.")
+        if urlsplit(config.base_url).scheme not in ("http", "https"):
+            raise ConfigError(f"reward.judge.base_url={config.base_url!r} must start with http:// or https://.")
         self.pattern = _compiled(config.score_pattern)
         self.fields = template_fields(config.template)
         base = config.base_url.rstrip("/")
@@ -100,7 +111,7 @@ class Judge:
 
     def _score_or_failure(self, text: str) -> float | JudgeFailure:
         try:
-            return self.score(self.answer(text))
+            return self.score(self.answer(text), asked=text)
         except JudgeFailure as failure:
             return failure
 
@@ -116,24 +127,33 @@ class Judge:
             body = {"model": c.model, "prompt": text}
         body |= {"max_tokens": c.max_tokens, "temperature": c.temperature}
         headers = {"Content-Type": "application/json"} | ({"Authorization": f"Bearer {c.api_key}"} if c.api_key else {})
-        request = urllib.request.Request(self.url, json.dumps(body).encode(), headers)
         for attempt in range(c.retries + 1):
             try:
-                with urllib.request.urlopen(request, timeout=c.timeout_s) as response:
-                    return _answer_text(json.loads(response.read()), c.api)
-            except urllib.error.HTTPError as error:
-                cause = f"HTTP {error.code} {error.reason}"
-                if error.code not in RETRIED_STATUSES:
-                    raise JudgeFailure(cause) from None
-            except (OSError, TimeoutError) as error:  # refused, reset, timed out (URLError is an OSError)
+                status, reason, payload = post(self.url, json.dumps(body).encode(), headers, c.timeout_s)
+                if status == 200:
+                    return _answer_text(json.loads(payload), c.api)
+                cause = f"HTTP {status} {reason}"
+                if 300 <= status < 400:
+                    raise JudgeFailure(
+                        f"{cause}: the judge redirects, which is never followed (the API key goes to "
+                        f"reward.judge.base_url's host alone); set base_url to where the judge answers"
+                    )
+                if status not in RETRIED_STATUSES:
+                    raise JudgeFailure(cause)
+            except (OSError, http.client.HTTPException) as error:  # refused, reset, timed out, a broken answer
                 cause = f"{type(error).__name__}: {getattr(error, 'reason', error)}"
+            except ValueError as error:  # not JSON, not UTF-8: a proxy's error page, say, worth asking again
+                cause = f"the answer is not JSON ({error})"
             if attempt < c.retries:
                 time.sleep(c.retry_delay_s * 2**attempt)
         raise JudgeFailure(f"{cause}, after {c.retries + 1} attempts")
 
-    def score(self, answer: str) -> float:
-        """The answer's score, in [0, 1]."""
+    def score(self, answer: str, asked: str = "") -> float:
+        """The answer's score, in [0, 1]; a judge that repeats the question first (as `echo` does) is read after it,
+        where the question's own numbers ("from 0 to 10") cannot be taken for its score."""
         c = self.config
+        if asked and asked in answer:
+            answer = answer[answer.rindex(asked) + len(asked) :]
         matches = list(self.pattern.finditer(answer))
         if not matches:
             raise JudgeFailure(f"no score matching {c.score_pattern!r} in the answer {answer[:200]!r}")
@@ -145,6 +165,42 @@ class Judge:
         if not c.score_min <= value <= c.score_max:
             raise JudgeFailure(f"the score {value:g} is outside [{c.score_min:g}, {c.score_max:g}]")
         return (value - c.score_min) / (c.score_max - c.score_min)
+
+
+def post(url: str, body: bytes, headers: dict, timeout_s: float) -> tuple[int, str, bytes]:
+    """POST `body` to `url` within `timeout_s` in all, from connecting to the answer's last byte (a socket's own
+    timeout bounds each read alone, and a trickling answer would take as long as it likes); the status, its reason,
+    and the body, refused beyond MAX_ANSWER_BYTES. Redirects are not followed."""
+    deadline = time.monotonic() + timeout_s
+    parts = urlsplit(url)
+    connection_class = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
+    connection = connection_class(parts.hostname, parts.port, timeout=timeout_s)
+    try:
+        connection.request("POST", parts.path + (f"?{parts.query}" if parts.query else ""), body, headers)
+        sock = connection.sock  # kept: a response that closes the connection takes it from `connection`
+        sock.settimeout(_left(deadline))
+        response = connection.getresponse()
+        chunks, size = [], 0
+        while chunk := _read(sock, response, deadline):
+            size += len(chunk)
+            if size > MAX_ANSWER_BYTES:
+                raise JudgeFailure(f"the answer is larger than {MAX_ANSWER_BYTES} bytes: no judge's answer is")
+            chunks.append(chunk)
+        return response.status, response.reason, b"".join(chunks)
+    finally:
+        connection.close()
+
+
+def _read(sock, response, deadline: float) -> bytes:
+    sock.settimeout(_left(deadline))
+    return response.read1(65536)
+
+
+def _left(deadline: float) -> float:
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise TimeoutError("no whole answer within reward.judge.timeout_s")
+    return left
 
 
 def template_fields(template: str) -> list[str]:

@@ -2,6 +2,7 @@
 a server that is down, under both failure policies; and a template naming a missing column, refused at start."""
 
 import socket
+import time
 
 import datasets
 import pytest
@@ -79,6 +80,46 @@ def test_a_garbage_answer_stops_the_run_when_told_to(registry, judge):
         scored(build_judge(registry, judge.url, on_failure="stop"))
 
 
+@pytest.mark.parametrize("broken", ["json", "html", "utf8", "truncated", "status"])
+def test_a_malformed_answer_fails_its_own_row_alone_and_is_asked_again(registry, judge, broken):
+    """Each used to escape the reward and wipe the whole batch to None, whatever on_failure said."""
+    judge.behaviour, judge.broken, judge.failures = "broken", broken, 1
+    reward = build_judge(registry, judge.url, retries=0, concurrency=1)
+    values, metrics = scored(reward)
+    assert values == [0.0, 0.0, 1.0] and metrics["rewards/judge/failed_rows"] == 1  # row 0 broke, row 1 is wrong
+    assert metrics["rewards/judge/failures"] == 0
+    judge.failures = 1
+    assert scored(build_judge(registry, judge.url, retries=1, retry_delay_s=0.01, concurrency=1))[0] == [1.0, 0.0, 1.0]
+    judge.failures = 1
+    with pytest.raises(RewardError, match="no score for 1 of 3 completions"):
+        scored(build_judge(registry, judge.url, retries=0, concurrency=1, on_failure="stop"))
+
+
+def test_a_redirect_is_never_followed_and_the_key_goes_to_no_other_host(registry, judge, judge_server_elsewhere):
+    judge.behaviour, judge.redirect_to = "redirect", judge_server_elsewhere.url
+    reward = build_judge(registry, judge.url, api_key="sk-judge", on_failure="stop", retries=0)
+    with pytest.raises(RewardError, match="HTTP 302.*never followed"):
+        scored(reward, PROMPTS[:1], COMPLETIONS[:1])
+    assert judge.authorizations == ["Bearer sk-judge"] and judge_server_elsewhere.requests == 0
+
+
+def test_timeout_s_bounds_the_whole_answer_and_its_size_is_capped(registry, judge):
+    judge.behaviour, judge.delay_s = "trickle", 0.05  # about 150 bytes: 7 s in all, each byte well within 1 s
+    started = time.monotonic()
+    values, metrics = scored(build_judge(registry, judge.url, timeout_s=1, retries=0), PROMPTS[:1], COMPLETIONS[:1])
+    assert values == [0.0] and metrics["rewards/judge/failed_rows"] == 1 and time.monotonic() - started < 3
+    judge.behaviour = "huge"
+    with pytest.raises(RewardError, match="larger than 1048576 bytes"):
+        scored(build_judge(registry, judge.url, retries=0, on_failure="stop"), PROMPTS[:1], COMPLETIONS[:1])
+
+
+def test_an_echoed_question_is_not_read_for_the_score(registry, judge):
+    """The default template asks for a score "from 0 to 10": read in an echo, that 10 would be every row's score."""
+    judge.behaviour = "echo"
+    reward = build_judge(registry, judge.url, template="Score from 0 to 10: {prompt}{completion}", score_max=10)
+    assert scored(reward)[0] == pytest.approx([0.1, 0.0, 0.1])  # verdicts 1, 0, 1 out of 10
+
+
 @pytest.mark.parametrize("policy", ["zero", "stop"])
 def test_a_judge_that_is_down(registry, policy):
     with socket.socket() as probe:  # a port nobody listens on
@@ -109,6 +150,8 @@ def test_a_template_naming_a_missing_column_is_refused_before_the_run(registry, 
         ({"api": "responses"}, "not one of"),
         ({"on_failure": "ignore"}, "not one of"),
         ({"score_pattern": "("}, "not a regular expression"),
+        ({"score_min": float("-inf")}, "finite score_min and score_max"),
+        ({"base_url": "localhost:8000"}, "must start with http"),
     ],
 )
 def test_bad_options_are_refused_when_the_judge_is_built(registry, judge, options, message):
