@@ -9,7 +9,7 @@ import sys
 import pytest
 
 import grpo_kit
-from grpo_kit.contract.errors import ConfigError, RewardError
+from grpo_kit.contract.errors import ConfigError, InputFileError, RewardError
 from grpo_kit.testing import tiny_run
 
 BROKEN_REWARD = """
@@ -185,3 +185,37 @@ def test_in_a_sweep_a_run_that_fails_early_records_its_error_and_the_next_one_tr
     assert "generation.temperature=0.0" in (sweep / "0" / "error.txt").read_text()
     assert "UnboundLocalError" not in done.stdout + done.stderr
     assert trained_steps(sweep / "1") == [1, 2]
+
+
+@pytest.mark.parametrize(
+    "link",
+    [
+        ".lock",
+        "metrics.jsonl",
+        "config.yaml",
+        ".hydra/overrides.yaml",
+        "checkpoints/step-1",
+        "checkpoints/step-1/model",
+    ],
+)
+def test_a_link_where_the_run_writes_is_refused_and_its_target_left_alone(registry, tiny_model, tmp_path, link):
+    """Each was followed: a .lock link truncated the user's file, a metrics.jsonl link overwrote its target, and a
+    linked checkpoint broke rotation before model/ was written."""
+    target = tmp_path / "precious.txt"
+    target.write_text("the user's own file\n")
+    run_dir = tmp_path / "run"
+    (run_dir / link).parent.mkdir(parents=True, exist_ok=True)
+    (run_dir / link).symlink_to(target)
+    cfg = grpo_kit.compose(tiny_run(tiny_model, "+reward=accuracy", "trainer.max_steps=1"), registry)
+    with pytest.raises(InputFileError, match=rf"{link.split('/')[-1]} is a symbolic link \(to {target}\)"):
+        grpo_kit.train(cfg, run_dir, registry)
+    assert target.read_text() == "the user's own file\n"
+    assert sorted(path.name for path in run_dir.iterdir()) == sorted({link.split("/")[0]}), "nothing was written"
+
+
+def test_the_run_directory_itself_may_be_a_link(registry, tiny_model, tmp_path):
+    (tmp_path / "scratch").mkdir()
+    (tmp_path / "run").symlink_to(tmp_path / "scratch")
+    cfg = grpo_kit.compose(tiny_run(tiny_model, "+reward=accuracy", "trainer.max_steps=1"), registry)
+    grpo_kit.train(cfg, tmp_path / "run", registry)
+    assert (tmp_path / "scratch" / "metrics.jsonl").is_file()

@@ -198,6 +198,7 @@ def claim_run_directory(run_dir: Path, cfg: DictConfig) -> Path | None:
     run_dir = Path(run_dir)
     if run_dir.resolve() in _claims:
         return _claims[run_dir.resolve()].checkpoint
+    refuse_links(run_dir)
     created = not run_dir.exists()
     lock = lock_run_directory(run_dir) if is_main_process() else None  # the other processes share the main one's
     try:
@@ -207,6 +208,20 @@ def claim_run_directory(run_dir: Path, cfg: DictConfig) -> Path | None:
         raise
     _claims[run_dir.resolve()] = Claim(checkpoint, lock, created)
     return checkpoint
+
+
+def refuse_links(run_dir: Path) -> None:
+    """Refuse a run directory holding a symbolic link where the run writes (its own files, .hydra/, checkpoints and
+    their contents): writing through it would truncate or overwrite whatever it points at, and rotating checkpoints
+    would delete it. The directory itself may be a link (to a larger disk, say)."""
+    places = [run_dir, run_dir / ".hydra", run_dir / "checkpoints", *run_dir.glob("checkpoints/*/")]
+    for path in (path for place in places if place.is_dir() for path in sorted(place.iterdir())):
+        if path.is_symlink():  # found before any place under it is read: a link is never followed here
+            raise InputFileError(
+                f"{path} is a symbolic link (to {os.readlink(path)}): a run writes into its directory and follows no "
+                "link there, which could overwrite or delete the file it points at. Remove the link, or choose "
+                "another hydra.run.dir."
+            )
 
 
 def release_run_directory(run_dir: Path) -> None:
@@ -222,7 +237,7 @@ def lock_run_directory(run_dir: Path) -> int:
     run_dir.mkdir(parents=True, exist_ok=True)
     path = run_dir / LOCK
     while True:
-        lock = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        lock = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)  # a link made meanwhile: ELOOP
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
