@@ -86,6 +86,28 @@ def test_damaged_checkpoints_are_refused_by_name_and_skipped_by_resume_auto(regi
     assert all(checkpoint.damage(saved) is None for saved in checkpoint.saved_checkpoints(run_dir))  # saved again
 
 
+@pytest.mark.parametrize(
+    ("manifest", "reason"),
+    [
+        ({"format": 2, "sha256": []}, "is not a manifest"),
+        ({"format": 2, "sha256": {"state.pt": 1}}, "is not a manifest"),
+        ({"format": 2, "sha256": {}}, "lists neither state.pt nor model/"),  # with state.pt deleted: not intact
+        ([], "unreadable"),
+    ],
+)
+def test_a_manifest_of_the_wrong_shape_is_skipped_by_resume_auto(registry, tiny_model, tmp_path, manifest, reason):
+    """Each crashed resume=auto (a list for checksums), or was taken for intact (an empty one)."""
+    settings = tiny_run(tiny_model, "+reward=accuracy", "trainer.max_steps=2", "trainer.save_steps=1")
+    grpo_kit.train(grpo_kit.compose(settings, registry), tmp_path, registry)
+    newest = tmp_path / "checkpoints" / "step-000002"
+    (newest / "state.pt").unlink()
+    (newest / "manifest.json").write_text(json.dumps(manifest))
+    assert reason in checkpoint.damage(newest)
+    assert checkpoint.checkpoint_to_resume(
+        tmp_path, grpo_kit.compose([*settings, "trainer.resume=auto"], registry)
+    ) == (tmp_path / "checkpoints" / "step-000001")
+
+
 def test_a_checkpoint_of_an_earlier_format_is_refused_at_claim_time(registry, tiny_model, tmp_path, monkeypatch):
     """A TrainState laid out otherwise (format 1: the generation batch as loose micro-batches) cannot be loaded: it is
     refused, saying so, before the model loads."""

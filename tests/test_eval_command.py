@@ -74,11 +74,16 @@ def test_a_model_folder_is_evaluated_on_the_sets_given(tiny_model, tmp_path):
 def test_bad_paths_and_overrides_are_refused(finished_run, tmp_path, capsys):
     unfinished = tmp_path / "unfinished"
     unfinished.mkdir()
+    foreign = tmp_path / "another_tool"  # a folder of another tool's, with a config.yaml of its own
+    (foreign / "model").mkdir(parents=True)
+    (foreign / "config.yaml").write_text("learning_rate: 0.1\nlayers: [1, 2]\n")
     shutil.copy(finished_run / "config.yaml", unfinished / "config.yaml")
     for arguments, message in [
         ([str(tmp_path)], "is neither a run directory"),
         ([str(unfinished)], "has no model yet"),
-        ([str(finished_run), "+reward=think_format"], "a run is evaluated with its own plugins"),
+        ([str(finished_run), "+reward=think_format"], f"grpo-kit eval {finished_run / 'model'} +reward=think_format"),
+        ([str(foreign)], "config.yaml is not the config of a grpo_kit run"),
+        ([str(finished_run), "--output", str(tmp_path / "missing" / "eval.json")], "does not exist. Create it"),
         ([str(finished_run), "eval.pass_at=[1,4]"], "k=4 is not"),
         ([str(finished_run), "eval.num_sample=4"], "Did you mean 'eval.num_samples'"),
     ]:
@@ -95,3 +100,30 @@ def test_the_report_shows_eval_json(finished_run):
     assert "| run | step | eval/reward | eval/pass@1 | eval/pass@2 | eval/maj@2 |" in report
     metrics = evaluated(finished_run / "eval.json")["metrics"]
     assert f"| . | 2 | {metrics['eval/reward']:.3f} |" in report
+
+
+def test_the_final_model_named_itself_is_evaluated_with_other_plugins(finished_run, tmp_path, capsys):
+    """The refusal above names this command: it must work, not be refused again."""
+    eval_file = tmp_path / "eval.jsonl"
+    eval_file.write_text(json.dumps({"prompt": "2+2=", "solution": "4"}) + "\n")
+    output = tmp_path / "eval.json"
+    arguments = [str(finished_run / "model"), "+reward=think_format", f"eval.path={eval_file}", "--output", str(output)]
+    assert commands.main(["eval", *arguments]) == 0, capsys.readouterr().err
+    assert "eval/rewards/think_format" in " ".join(evaluated(output)["metrics"])
+
+
+def test_a_checkpoint_rotated_away_during_the_evaluation_is_said_plainly(finished_run, tmp_path, monkeypatch, capsys):
+    copy = tmp_path / "run"
+    shutil.copytree(finished_run, copy)
+    checkpoint = copy / "checkpoints" / "step-000001"
+    from grpo_kit.cli import evaluate
+
+    real = evaluate.evaluate
+
+    def rotated_meanwhile(cfg, target, registry):
+        shutil.rmtree(checkpoint)  # as the run's save_total_limit does while this one loads
+        return real(cfg, target, registry)
+
+    monkeypatch.setattr(evaluate, "evaluate", rotated_meanwhile)
+    assert commands.main(["eval", str(checkpoint)]) == 1
+    assert "went away during the evaluation" in capsys.readouterr().err

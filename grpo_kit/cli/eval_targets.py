@@ -1,9 +1,10 @@
 """What `grpo-kit eval PATH` evaluates: a run's final model, one of its checkpoints, or a model folder; and the
 config it is evaluated under (the run's own, changed by the command's overrides)."""
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
+import yaml
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
@@ -50,12 +51,23 @@ def find_target(path: Path) -> Target:
     if (path / "config.json").is_file():
         run_dir = path.parent if path.name == MODEL and (path.parent / RUN_CONFIG).is_file() else None
         if run_dir is not None:
-            return _final_model(run_dir)
+            return replace(_final_model(run_dir), path=path)
         return Target(path, None, path, None, 0, path)
     raise InputFileError(
         f"{path} is neither a run directory (it would hold {RUN_CONFIG}), a checkpoint (RUN_DIR/{CHECKPOINTS}/"
         f"{PREFIX}NNNNNN) nor a model folder (it would hold config.json, for from_pretrained)."
     )
+
+
+def run_config(path: Path) -> DictConfig:
+    """A grpo_kit run's config.yaml, or an error saying that the folder is another tool's."""
+    try:
+        return OmegaConf.merge(OmegaConf.structured(RunConfig), OmegaConf.load(path))
+    except (OmegaConfBaseException, yaml.YAMLError) as error:
+        raise InputFileError(
+            f"{path} is not the config of a grpo_kit run ({type(error).__name__}: {str(error).splitlines()[0]}): "
+            "give a run directory that python -m grpo_kit wrote, one of its checkpoints, or a model folder."
+        ) from None
 
 
 def _final_model(run_dir: Path) -> Target:
@@ -91,17 +103,22 @@ def eval_config(target: Target, overrides: list[str], registry: Registry) -> Dic
     run, the config `python -m grpo_kit OVERRIDES` would train with (it must then choose a reward)."""
     if target.run_dir is None:
         return compose([*overrides, f"model.name_or_path={target.model_dir}"], registry)
+    parsed = OverridesParser.create().parse_overrides(overrides)
+    recomposed = [o for o in parsed if o.key_or_group in KINDS or "/" in o.key_or_group or o.is_delete()]
+    if recomposed and target.path == target.model_dir:  # RUN_DIR/model named itself: its own plugins are not asked for
+        return compose([*overrides, f"model.name_or_path={target.model_dir}"], registry)
     check_choices(overrides, registry)  # unknown keys and misspelt options, with the closest ones
-    cfg = OmegaConf.merge(OmegaConf.structured(RunConfig), OmegaConf.load(target.run_dir / RUN_CONFIG))
-    model_folder = target.model_dir or target.run_dir / MODEL
-    for override in OverridesParser.create().parse_overrides(overrides):
+    cfg = run_config(target.run_dir / RUN_CONFIG)
+    if recomposed:
+        model_folder = target.model_dir or target.run_dir / MODEL
+        raise ConfigError(
+            f"{recomposed[0].input_line}: a run is evaluated with its own plugins and presets, so only its settings "
+            "can change here (eval.path=FILE, generation.max_completion_length=64). To evaluate with others, name "
+            f"the model folder itself, whose config is then composed anew: grpo-kit eval {model_folder} "
+            f"{' '.join(overrides)}"
+        )
+    for override in parsed:
         key = override.key_or_group
-        if key in KINDS or "/" in key or override.is_delete():
-            raise ConfigError(
-                f"{override.input_line}: a run is evaluated with its own plugins and presets, so only its settings "
-                "can change here (eval.path=FILE, generation.max_completion_length=64). To evaluate with others, name "
-                f"a model folder and compose the whole config: grpo-kit eval {model_folder} +reward=NAME ..."
-            )
         try:
             with open_dict(cfg):  # free keys (eval.sets.NAME, a plugin's options) may be new
                 OmegaConf.update(cfg, key, override.value(), merge=True)

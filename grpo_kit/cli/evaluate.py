@@ -15,6 +15,10 @@ from pathlib import Path
 from grpo_kit.contract.errors import ConfigError, UserError
 
 EVAL_FILE = "eval.json"
+GONE = (
+    "a run still training deletes its older checkpoints (trainer.save_total_limit). Evaluate one it keeps, or the "
+    "run once it has finished, or give --output FILE elsewhere."
+)
 DESCRIPTION = (
     "Evaluate a run's final model (RUN_DIR/model), one of its checkpoints (RUN_DIR/checkpoints/step-N) or a model "
     "folder on the run's eval sets, or on others given as overrides (eval.path=FILE, eval.sets.NAME.path=FILE, "
@@ -41,6 +45,8 @@ def eval_command(args: argparse.Namespace) -> int:
 
     logging.basicConfig(level=logging.INFO, format="[%(levelname)s] %(message)s")
     try:
+        if args.output is not None and not args.output.parent.is_dir():  # before the evaluation, not after it
+            raise ConfigError(f"--output {args.output}: the folder {args.output.parent} does not exist. Create it.")
         target = find_target(args.path)
         registry = Registry()
         cfg = eval_config(target, args.overrides, registry)
@@ -48,10 +54,21 @@ def eval_command(args: argparse.Namespace) -> int:
     except UserError as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
+    except FileNotFoundError as error:  # a checkpoint that a running run's save_total_limit rotated away meanwhile
+        print(f"error: {error.filename} went away during the evaluation: {GONE}", file=sys.stderr)
+        return 1
+    print(metrics_table(metrics))
     output = args.output or target.output / EVAL_FILE
     result = {"model": str(target.path), "step": target.step, "overrides": args.overrides, "metrics": metrics}
-    output.write_text(json.dumps(result, indent=1) + "\n")
-    print(metrics_table(metrics))
+    try:
+        output.write_text(json.dumps(result, indent=1) + "\n")
+    except FileNotFoundError:
+        print(
+            f"error: {output.parent} went away during the evaluation, so {output} could not be written (the "
+            f"metrics are above): {GONE}",
+            file=sys.stderr,
+        )
+        return 1
     print(f"Wrote {output}")
     return 0
 

@@ -115,6 +115,10 @@ def damage(checkpoint: Path) -> str | None:
         return f"it has no {MANIFEST}, so its files cannot be checked (a grpo_kit older than checksums wrote it)"
     except (ValueError, KeyError, TypeError) as error:
         return f"its {MANIFEST} is unreadable ({error})"
+    if not isinstance(checksums, dict) or not all(isinstance(v, str) for v in checksums.values()):
+        return f"its {MANIFEST} is not a manifest: its sha256 is no table of file names and checksums"
+    if not any(name == STATE or name.startswith(f"{MODEL}/") for name in checksums):
+        return f"its {MANIFEST} lists neither {STATE} nor {MODEL}/: it describes no checkpoint"
     if manifest.get("format", 1) != FORMAT:
         return (
             f"an earlier grpo_kit wrote it, whose checkpoints lay out the training state otherwise (format "
