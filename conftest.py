@@ -27,7 +27,7 @@ TRL_VERSION = (
 @pytest.fixture(scope="session")
 def trl():
     """The trl module, for the tests that compare with TRL. Without trl==1.16.0 they skip, or fail where
-    GRPO_KIT_REQUIRE_TRL=1 (CI sets it), so that a broken install cannot pass CI by skipping the comparisons."""
+    GRPO_KIT_REQUIRE_TRL=1 (.ci/run sets it), so that a broken install cannot pass CI by skipping the comparisons."""
     try:
         module = importlib.import_module("trl")
     except ImportError as error:

@@ -104,7 +104,9 @@ def on_advantages(advantages):
     RECORDED["advantages"].append(advantages.tolist())  # None: the advantages stay as they are
 
 
-def train_grpo_kit(model_dir, prompts_file, run_dir, loss: str, beta: float, num_iterations: int) -> dict:
+def train_grpo_kit(
+    model_dir, prompts_file, run_dir, loss: str, beta: float, num_iterations: int, *overrides: str
+) -> dict:
     registry = Registry(plugin_manager(autoload=True, local_modules=[__name__], disabled=[]))
     cfg = grpo_kit.compose(
         [
@@ -133,6 +135,7 @@ def train_grpo_kit(model_dir, prompts_file, run_dir, loss: str, beta: float, num
             "trainer.progress_bar=false",
             "trainer.sample_every=0",
             f"seed={SEED}",
+            *overrides,
         ],
         registry,
     )
@@ -248,7 +251,30 @@ def test_three_optimizer_steps_equal_trl(trl, shared, tmp_path, monkeypatch, los
     monkeypatch.setenv("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func's warning that it is experimental
     ours = train_grpo_kit(model_dir, prompts_file, tmp_path / "grpo_kit", loss, beta, num_iterations)
     theirs = train_trl(trl, model_dir, PROMPTS, tmp_path / "trl", ours["config"])
+    assert_same_steps(ours, theirs, model_dir, num_iterations)
 
+
+@pytest.mark.parametrize("loss", ["dapo", "grpo"])  # bnpo's normaliser depends on the split, which differs (above)
+def test_asymmetric_clipping_equals_trl(trl, shared, tmp_path, monkeypatch, loss):
+    """epsilon_high apart from epsilon (DAPO's clip-higher). The second pass over each batch moves the ratios past
+    1.05 and below 1.2: clipped if epsilon_high were taken for epsilon, not clipped as it is."""
+    model_dir, prompts_file = shared
+    monkeypatch.setenv("TRL_EXPERIMENTAL_SILENCE", "1")
+    clip = ("loss.epsilon=0.05", "loss.epsilon_high=0.2")
+    ours = train_grpo_kit(model_dir, prompts_file, tmp_path / "grpo_kit", loss, 0.0, 2, *clip)
+    assert ours["config"].loss.epsilon_high == 0.2 != ours["config"].loss.epsilon
+    theirs = train_trl(trl, model_dir, PROMPTS, tmp_path / "trl", ours["config"])
+    assert_same_steps(ours, theirs, model_dir, 2)
+    symmetric = train_grpo_kit(
+        model_dir, prompts_file, tmp_path / "symmetric", loss, 0.0, 2, "loss.epsilon=0.05", "loss.epsilon_high=0.05"
+    )
+    assert any(
+        not torch.allclose(weight, symmetric["weights"][name], atol=1e-5, rtol=0)
+        for name, weight in ours["weights"].items()
+    ), "the upper bound never bit: this test could not tell epsilon_high from epsilon"
+
+
+def assert_same_steps(ours: dict, theirs: dict, model_dir, num_iterations: int) -> None:
     generation_batches = -(-STEPS // num_iterations)  # each is trained on for num_iterations steps
     assert len(ours["advantages"]) == len(theirs["advantages"]) == generation_batches
     torch.testing.assert_close(

@@ -2,7 +2,9 @@
 
 A model may end a turn with any of several tokens: Qwen2.5 and Qwen3 Instruct's generation config lists both
 `<|im_end|>` and `<|endoftext|>`, their tokenizer only one. Every id of the generation config, with the tokenizer's
-own, stops a completion; the completion keeps that token and nothing after it.
+own, stops a completion that a generation backend or the tool loop samples; the completion keeps that token and
+nothing after it. A custom rollout's completions are taken as it returns them, tokens after an EOS included (its
+mask says which tokens are trained on); these ids only say whether each was cut off (`is_truncated`).
 """
 
 import torch
