@@ -13,7 +13,7 @@ import torch
 from PIL import Image
 
 import grpo_kit
-from grpo_kit.config.compose import LoraConfig, ModelConfig, options
+from grpo_kit.config.compose import DataConfig, LoraConfig, ModelConfig, options
 from grpo_kit.contract.errors import ConfigError
 from grpo_kit.model.fast.chunked_logits import chunked_logps_and_entropies
 from grpo_kit.model.loading import load_model, load_processor
@@ -248,6 +248,42 @@ def test_unreadable_bytes_are_refused_with_their_row():
     ]
     with pytest.raises(ConfigError, match=r"row 2 \(counting from 1\), column `images`"):
         check_images(dataset_of(rows), "The dataset", image_token="<|image_pad|>")
+
+
+def test_an_image_the_processor_refuses_is_refused_at_the_start_with_its_row(prompts_of_model):
+    """A 1 x 400 image opens, but Qwen2-VL's processor refuses it: it used to crash training when a batch drew it,
+    and again at every resume."""
+    processor = prompts_of_model.processor
+    rows = [{"prompt": [{"role": "user", "content": "?"}], "image": noise(0)}]
+    rows.append({"prompt": [{"role": "user", "content": "?"}], "image": noise(1, width=400, height=1)})
+    check_images(dataset_of(rows[:1]), "The dataset", processor.image_token, processor.image_processor)
+    with pytest.raises(ConfigError, match=r"row 2 \(counting from 1\), column `image`, holds an image the model's"):
+        check_images(dataset_of(rows), "The dataset", processor.image_token, processor.image_processor)
+
+
+def test_a_huge_image_a_bomb_and_a_fifo_are_refused_with_their_row(tmp_path):
+    huge = tmp_path / "huge.png"
+    Image.new("L", (8000, 6000)).save(huge)  # 48 million pixels: compressed to almost nothing
+    bomb = tmp_path / "bomb.png"
+    Image.new("1", (20000, 10000)).save(bomb)  # 200 million: past PIL's own limit
+    fifo = tmp_path / "fifo.png"
+    os.mkfifo(fifo)  # opening it would wait for a writer forever
+    for path, words in [(huge, "8000 x 6000 pixels, more than 40,000,000"), (bomb, "decompression bomb")]:
+        with pytest.raises(ConfigError, match=rf"row 1 \(counting from 1\).*{words}"):
+            check_images(dataset_of([{"prompt": "x", "image": str(path)}]), "The dataset", image_token="x")
+    with pytest.raises(ConfigError, match=r"fifo.png is not a regular file"):
+        check_images(dataset_of([{"prompt": "x", "image": str(fifo)}]), "The dataset", image_token="x")
+
+
+def test_relative_image_paths_are_read_from_the_datasets_folder(tmp_path, monkeypatch):
+    folder = tmp_path / "data"
+    (folder / "pictures").mkdir(parents=True)
+    noise(0).save(folder / "pictures" / "a.png")
+    (folder / "rows.jsonl").write_text(json.dumps({"prompt": "x", "image": "pictures/a.png"}) + "\n")
+    monkeypatch.chdir(tmp_path)  # elsewhere than the dataset
+    dataset = load_prompts(DataConfig(path=str(folder / "rows.jsonl")))
+    assert dataset[0]["image"] == str(folder / "pictures" / "a.png")
+    check_images(dataset, "The dataset", image_token="x")
 
 
 def test_a_text_prompt_must_place_each_image(rows):

@@ -8,6 +8,7 @@ its first user message, as TRL places them; a text prompt must hold the processo
 import dataclasses
 import io
 import logging
+from collections.abc import Callable
 from pathlib import Path
 
 import datasets
@@ -17,9 +18,11 @@ import torch
 from grpo_kit.contract.errors import ConfigError
 from grpo_kit.contract.kinds import Completions, PromptImages
 from grpo_kit.model.vision import check_supported, per_row
-from grpo_kit.rollout.prompts import is_conversational
+from grpo_kit.rollout.prompts import IMAGE_COLUMNS, is_conversational
 
-IMAGE_COLUMNS = ("image", "images")
+# About 6,300 x 6,300: 120 MB of RGB pixels, which a vision-language processor shrinks to a small share of anyway.
+# PIL refuses only above 179 million pixels, and a 10,000 x 10,000 image took 2.6 GB to process.
+MAX_IMAGE_PIXELS = 40_000_000
 
 log = logging.getLogger(__name__)
 
@@ -46,18 +49,29 @@ def opened(image) -> PIL.Image.Image:
     if isinstance(image, dict):
         image = image.get("bytes") or image.get("path")
     if isinstance(image, (str, Path)):
-        image = PIL.Image.open(Path(image).expanduser())
+        path = Path(image).expanduser()
+        if not path.is_file():  # reading a FIFO or a device would wait forever
+            raise ValueError(f"{path} {'is not a regular file' if path.exists() else 'does not exist'}")
+        image = PIL.Image.open(path)
     elif isinstance(image, (bytes, bytearray)):
         image = PIL.Image.open(io.BytesIO(image))
     if not isinstance(image, PIL.Image.Image):
         raise TypeError(f"{type(image).__name__} is no image: give a PIL image, a path or the image file's bytes")
+    if image.width * image.height > MAX_IMAGE_PIXELS:  # known from the header, before the pixels are decoded
+        raise ValueError(
+            f"it is {image.width} x {image.height} pixels, more than {MAX_IMAGE_PIXELS:,}: shrink it (the model's "
+            "processor would shrink it far more anyway)"
+        )
     image.load()  # reads the whole file now: a truncated one fails here, not in the middle of training
     return image.convert("RGB")
 
 
-def check_images(dataset: datasets.Dataset, source: str, image_token: str | None) -> None:
-    """Every image of every row opens, and each text prompt holds `image_token` once per image: a bad row would
-    otherwise fail only when a batch draws it. `image_token` None: the model reads no images, so none may be given."""
+def check_images(
+    dataset: datasets.Dataset, source: str, image_token: str | None, image_processor: Callable | None = None
+) -> None:
+    """Every image of every row opens, `image_processor` (the model's) takes it, and each text prompt holds
+    `image_token` once per image: a bad row would otherwise fail only when a batch draws it, and again after each
+    resume. `image_token` None: the model reads no images, so none may be given."""
     column = image_column(dataset)
     if column is None:
         return
@@ -69,12 +83,19 @@ def check_images(dataset: datasets.Dataset, source: str, image_token: str | None
     for index in range(len(dataset)):
         row = dataset[index]
         try:
-            for image in images_of(row):
-                opened(image)
-        except (OSError, TypeError, ValueError) as error:  # PIL's UnidentifiedImageError is an OSError
+            images = [opened(image) for image in images_of(row)]
+        except (OSError, TypeError, ValueError, PIL.Image.DecompressionBombError) as error:  # OSError: unidentified
             raise ConfigError(
                 f"{source}: row {index + 1} (counting from 1), column `{column}`, holds an image that cannot be "
                 f"read: {error}. Correct or drop that row."
+            ) from None
+        try:
+            for image in images if image_processor is not None else ():
+                image_processor(images=[image])
+        except (ValueError, TypeError) as error:  # as Qwen2-VL's smart_resize refuses a 1 x 400 image
+            raise ConfigError(
+                f"{source}: row {index + 1} (counting from 1), column `{column}`, holds an image the model's image "
+                f"processor refuses: {error}. Correct or drop that row."
             ) from None
         prompt, count = row["prompt"], len(images_of(row))
         if isinstance(prompt, str) and prompt.count(image_token) != count:

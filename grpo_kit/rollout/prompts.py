@@ -15,6 +15,9 @@ from grpo_kit.embedded import sums as embedded
 _FORMAT_OF_SUFFIX = {".json": "json", ".jsonl": "json", ".parquet": "parquet", ".csv": "csv"}
 
 
+IMAGE_COLUMNS = ("image", "images")  # a prompt's images (rollout/images.py)
+
+
 def load_prompts(cfg: DataConfig, setting: str = "data.path") -> datasets.Dataset:
     """The training prompts with their other columns, which reach the rewards as keyword arguments.
 
@@ -31,7 +34,9 @@ def load_prompts(cfg: DataConfig, setting: str = "data.path") -> datasets.Datase
                 "trl-lib/DeepMath-103K."
             )
         if path.suffix in _FORMAT_OF_SUFFIX:
-            dataset = _load_file(path, setting)
+            dataset = _anchored(_load_file(path, setting), path.parent)
+        elif path.is_dir():
+            dataset = _anchored(datasets.load_dataset(str(path), cfg.name, split=cfg.split), path)
         else:
             dataset = datasets.load_dataset(str(path), cfg.name, split=cfg.split)
     if len(dataset) == 0:
@@ -73,6 +78,22 @@ def prompt_problem(prompt) -> str | None:
     if isinstance(prompt, list):
         return None if is_conversational(prompt) else "is a list, but not of chat messages (dicts with a `role`)"
     return f"is {prompt!r} ({type(prompt).__name__}), not text"
+
+
+def _anchored(dataset: datasets.Dataset, folder: Path) -> datasets.Dataset:
+    """A local dataset whose relative image paths are taken from its own folder, not from wherever the run starts."""
+    columns = [name for name in IMAGE_COLUMNS if name in dataset.column_names]
+
+    def anchor(value):
+        if isinstance(value, str):
+            return value if Path(value).expanduser().is_absolute() else str(folder / value)
+        if isinstance(value, dict) and not value.get("bytes") and isinstance(value.get("path"), str):
+            return value | {"path": anchor(value["path"])}  # a datasets Image feature, not decoded
+        if isinstance(value, list):
+            return [anchor(item) for item in value]
+        return value
+
+    return dataset.map(lambda row: {name: anchor(row[name]) for name in columns}) if columns else dataset
 
 
 def looks_local(name_or_path: str) -> bool:

@@ -14,7 +14,10 @@ def image_prompts(cfg: DictConfig, prompt_sets: list[datasets.Dataset], generati
     the run's choices checked; None for a policy that reads text alone (whose data may then hold no image)."""
     processor = load_processor(cfg.model)
     for dataset in prompt_sets:
-        check_images(dataset, "The dataset", None if processor is None else processor.image_token)
+        if processor is None:
+            check_images(dataset, "The dataset", None)
+        else:
+            check_images(dataset, "The dataset", processor.image_token, processor.image_processor)
     if processor is None:
         return None
     if any(image_column(dataset) for dataset in prompt_sets):
