@@ -10,6 +10,7 @@ answers as `broken` says: "json" (not JSON), "html" (an error page), "utf8" (byt
 Authorization header of every request.
 """
 
+import contextlib
 import json
 import re
 import threading
@@ -103,13 +104,21 @@ class JudgeHandler(BaseHTTPRequestHandler):
         self.close_connection = True
 
 
-@pytest.fixture(scope="session")
-def judge_server():
+@contextlib.contextmanager
+def serving():
     server = JudgeServer()
     threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield server
-    server.shutdown()
-    server.server_close()
+    try:
+        yield server
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.fixture(scope="session")
+def judge_server():
+    with serving() as server:
+        yield server
 
 
 @pytest.fixture
@@ -122,8 +131,5 @@ def judge(judge_server):
 @pytest.fixture
 def judge_server_elsewhere():
     """A second judge, on another port: another host as far as the client's credentials are concerned."""
-    server = JudgeServer()
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield server
-    server.shutdown()
-    server.server_close()
+    with serving() as server:
+        yield server

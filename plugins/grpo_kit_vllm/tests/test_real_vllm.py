@@ -12,10 +12,7 @@ environment the suite skips, or fails in CI (CI=true), with the reason.
 import json
 import os
 import signal
-import socket
 import time
-import urllib.error
-import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,30 +37,13 @@ from grpo_kit_vllm.config import VLLMServerConfig
 from grpo_kit_vllm.launch import LaunchedServer, vllm_serve_command, vllm_server_environment
 from grpo_kit_vllm.server_generation import VLLMServerGeneration
 from grpo_kit_vllm.testing import vllm_cpu
+from grpo_kit_vllm.testing.http import call, free_port
 from grpo_kit_vllm.testing.vllm_rules import VLLM_RULES
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm_real]
 
 PROMPTS = [[3, 12, 4, 15], [5, 6, 12, 7, 15]]  # "1+2=" and "34+5=" in the embedded tokenizer
 SCORED = [[3, 12, 4, 15, 7, 8, 9], [5, 6, 12, 7, 15, 9, 10, 11, 2]]  # prompts whose every token the server scores
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-def call(url: str, path: str, body: dict | None = None) -> tuple[int, dict | None]:
-    """GET `path`, or POST `body` as JSON; the HTTP status and the JSON answer, errors included."""
-    data = None if body is None else json.dumps(body).encode()
-    request = urllib.request.Request(url + path, data, headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(request, timeout=120) as response:
-            raw = response.read()
-            return response.status, json.loads(raw) if raw else None
-    except urllib.error.HTTPError as error:
-        return error.code, json.loads(error.read())
 
 
 class Server:

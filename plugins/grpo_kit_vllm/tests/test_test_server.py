@@ -3,9 +3,7 @@
 The test process plays the client over HTTP and, for weight syncs, the trainer: rank 0 of a gloo group.
 """
 
-import json
 import math
-import socket
 import subprocess
 import sys
 import time
@@ -21,28 +19,11 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from grpo_kit.testing.models import build_tiny_model
 from grpo_kit_vllm import transport
 from grpo_kit_vllm.alongside import Background
+from grpo_kit_vllm.testing.http import call, free_port
 from grpo_kit_vllm.testing.vllm_rules import VLLM_RULES
 
 PROMPTS = [[3, 12, 4, 15], [5, 6, 12, 7, 15]]  # "1+2=" and "34+5=" in the embedded tokenizer: different lengths
 SMALL_BUFFER = 4096  # bytes: the tiny model's weights then travel in several packed chunks
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-def call(url: str, path: str, body: dict | None = None) -> tuple[int, dict | None]:
-    """GET `path`, or POST `body` as JSON; the HTTP status and the JSON answer, errors included."""
-    data = None if body is None else json.dumps(body).encode()
-    request = urllib.request.Request(url + path, data, headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(request, timeout=120) as response:
-            raw = response.read()
-            return response.status, json.loads(raw) if raw else None
-    except urllib.error.HTTPError as error:
-        return error.code, json.loads(error.read())
 
 
 def complete(url: str, **fields) -> dict:
