@@ -99,11 +99,15 @@ class CodeExecutionConfig(RewardConfig):
     tests_column: str = "tests"  # the dataset column of each row's tests: python source, one string or a list
     timeout_s: float = 5.0  # wall clock per completion (and its CPU time, rounded up); then its processes are killed
     memory_mb: int = 512  # address space per process (RLIMIT_AS)
-    max_output_bytes: int = 1_000_000  # the largest file it may write, its stdout and stderr included (RLIMIT_FSIZE)
-    max_processes: int = 16  # processes and threads it may run at once (RLIMIT_NPROC, and a watchdog: docs/rewards.md)
+    # All it may write, its stdout and stderr included: the size of its folder's tmpfs (unconfined: of each file).
+    max_output_bytes: int = 1_000_000
+    max_processes: int = 16  # processes and threads it may run at once (RLIMIT_NPROC in its own user namespace)
     workers: int = 4  # completions run at once
     partial_credit: bool = False  # false: 1.0 when every test passes, else 0.0; true: the fraction of tests passed
-    isolation: str = "auto"  # "auto": namespaces where the OS allows, else the fallback with a warning; "required"
+    # "sandbox": each program confined (docs/rewards.md); the run refuses to start where this machine cannot.
+    # "unsafe_unconfined": no sandbox, for code you trust only.
+    isolation: str = "sandbox"
+    reward_timeout: float = II("oc.select:trainer.reward_timeout,60")  # the batch's bound, which timeout_s must fit
 
 
 @dataclass
