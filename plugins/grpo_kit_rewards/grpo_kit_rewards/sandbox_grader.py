@@ -18,7 +18,16 @@ import builtins
 import importlib
 import time
 
-from grpo_kit_rewards.sandbox_program import Ended, ProtocolError, decode, encode, receive, send
+from grpo_kit_rewards.sandbox_program import (
+    Ended,
+    ProtocolError,
+    TooLarge,
+    decode,
+    encode,
+    parse,
+    receive_frame,
+    send,
+)
 
 # Standard modules whose functions tests call on what the program returns (math.isclose(f(x), 0.5), ...): imported
 # here when the program imported them, so that the program's copy, which it may have patched, does not answer.
@@ -42,6 +51,9 @@ class Program:
 
     def __init__(self, requests_fd: int, responses_fd: int, message_bytes: int, ending):
         self.requests, self.responses, self.message_bytes = requests_fd, responses_fd, message_bytes
+        # All the program may send, so that a test iterating an endless generator of its does not fill this
+        # process's memory before the deadline: sixteen answers of the largest size.
+        self.budget = 16 * message_bytes
         self.ending = ending  # says how the program's process ended, once its pipe is closed
         self.deadline: float | None = None  # set when the code starts
         self.timeout_s = 0.0
@@ -92,11 +104,17 @@ class Program:
             raise self.fail(self.failure)
         try:
             send(self.requests, message)
-            response = receive(self.responses, self.message_bytes, self.deadline)
+            frame = receive_frame(self.responses, min(self.message_bytes, self.budget), self.deadline)
+            self.budget -= len(frame)
+            response = parse(frame)
         except TimeoutError:
             raise self.fail(f"timed out after {self.timeout_s:g} s") from None
         except (Ended, BrokenPipeError):
             raise self.fail(f"the program ended ({self.ending()})") from None
+        except TooLarge as error:
+            if error.size <= self.message_bytes:
+                raise self.fail(f"the program's answers exceeded the {16 * self.message_bytes} bytes allowed") from None
+            raise self.fail(f"the program broke the protocol: {error}") from None
         except ProtocolError as error:
             raise self.fail(f"the program broke the protocol: {error}") from None
         if type(response) is not dict or len(response) != 1:

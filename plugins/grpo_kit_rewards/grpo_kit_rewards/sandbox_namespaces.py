@@ -116,6 +116,7 @@ def confine(exposed: list[str], disk_bytes: int, start_program) -> None:
     os.close(proc)
     os.setresgid(0, 0, 0)
     os.setresuid(0, 0, 0)  # root: now nobody outside, with every capability inside alone
+    _call(libc, libc.sethostname(b"sandbox", 7), "naming the host")  # its UTS namespace starts with the host's name
     die_with_parent(libc)  # a change of user clears the parent-death signal
     init = os.fork()
     if init == 0:

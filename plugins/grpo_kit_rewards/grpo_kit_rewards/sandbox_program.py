@@ -28,6 +28,14 @@ class ProtocolError(Exception):
     """A frame or value that does not follow the protocol."""
 
 
+class TooLarge(ProtocolError):
+    """A message longer than the reader takes."""
+
+    def __init__(self, size: int, limit: int):
+        super().__init__(f"a message of {size} bytes, more than the {limit} allowed")
+        self.size = size
+
+
 class Ended(Exception):
     """The other side closed its pipe."""
 
@@ -41,11 +49,19 @@ def send(fd: int, message) -> None:
 
 def receive(fd: int, limit: int, deadline: float | None = None):
     """The next message on `fd`; at most `limit` bytes, waiting until `deadline` (time.monotonic()) at most."""
+    return parse(receive_frame(fd, limit, deadline))
+
+
+def receive_frame(fd: int, limit: int, deadline: float | None = None) -> bytes:
     (size,) = HEADER.unpack(_read(fd, HEADER.size, deadline))
     if size > limit:
-        raise ProtocolError(f"a message of {size} bytes, more than the {limit} allowed")
+        raise TooLarge(size, limit)
+    return _read(fd, size, deadline)
+
+
+def parse(frame: bytes):
     try:
-        return json.loads(_read(fd, size, deadline))
+        return json.loads(frame)
     except (ValueError, RecursionError) as error:
         raise ProtocolError(f"a message that is not JSON ({error})") from None
 

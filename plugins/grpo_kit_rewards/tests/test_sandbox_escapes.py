@@ -118,6 +118,7 @@ for folder, folders, files in os.walk("/"):
         if stat.S_ISSOCK(os.lstat(path).st_mode):
             sockets.append(path)
 where = os.getcwd()
+host = os.uname().nodename
 """
 
 
@@ -128,10 +129,11 @@ def test_the_program_sees_no_socket_file_and_a_minimal_tree():
             "assert sockets == [], sockets",
             "assert not {'proc', 'sys', 'tmp', 'home', 'run', 'var', 'mnt'} & set(top), top",
             "assert where == '/work'",
+            "assert host == 'sandbox'",
         ],
         timeout_s=10.0,
     )
-    assert outcome.passed == 3, outcome.error
+    assert outcome.passed == 4, outcome.error
 
 
 # Item 2: what the fallback let through, tried in the sandbox and unconfined.

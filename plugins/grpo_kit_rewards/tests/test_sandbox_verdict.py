@@ -171,6 +171,13 @@ def test_an_honest_program_is_graded(case):
     assert outcome.passed == len(tests), outcome.error
 
 
+def test_an_endless_generator_cannot_fill_the_graders_memory():
+    """Its answers, in all, are bounded: past 64 MiB the program fails, long before its time runs out."""
+    endless = "def chunks():\n    chunk = 'x' * 4_000_000\n    while True:\n        yield chunk"
+    outcome = run_sandboxed(endless, ["kept = list(chunks())"], dataclasses.replace(SMALL, timeout_s=30.0))
+    assert outcome.passed == 0 and "answers exceeded" in outcome.error
+
+
 def test_a_program_that_hangs_in_a_test_keeps_the_tests_passed_before():
     code = "def add(a, b):\n    return a + b\ndef spin():\n    while True:\n        pass"
     outcome = run_sandboxed(code, ["assert add(1, 2) == 3", "spin()"], dataclasses.replace(SMALL, timeout_s=1.0))
