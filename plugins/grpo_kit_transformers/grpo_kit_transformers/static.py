@@ -50,7 +50,10 @@ def why_not_static(model, generation_config: GenerationConfig) -> str | None:
         return reason
     for processor in logits_processors(model, prepared(model, generation_config, model.device), prompt_length=1):
         if not isinstance(processor, FIXED_WIDTH):
-            return f"{type(processor).__name__} reads the length of the input ids, which the static loop keeps fixed"
+            return (
+                f"{type(processor).__name__} may read the input ids' length, which the static loop keeps fixed (it "
+                "runs temperature, top-k, top-p, min-p, repetition penalty and suppressed tokens)"
+            )
     return None
 
 

@@ -201,8 +201,8 @@ def test_auto_samples_with_the_static_loop_on_a_cuda_gpu():
 @pytest.mark.parametrize(
     "kwargs, reason",
     [
-        (dict(no_repeat_ngram_size=2), "NoRepeatNGramLogitsProcessor reads the length of the input ids"),
-        (dict(min_new_tokens=2), "MinNewTokensLengthLogitsProcessor reads the length of the input ids"),
+        (dict(no_repeat_ngram_size=2), "NoRepeatNGramLogitsProcessor may read the input ids' length"),
+        (dict(min_new_tokens=2), "MinNewTokensLengthLogitsProcessor may read the input ids' length"),
     ],
 )
 def test_a_processor_that_reads_the_length_falls_back_to_generate_with_one_warning(tiny_model, kwargs, reason, caplog):
