@@ -36,7 +36,14 @@ from grpo_kit.config.compose import (
     store_configs,
     with_presets,
 )
-from grpo_kit.config.secrets import redacted, redacted_overrides, secret_paths
+from grpo_kit.config.secrets import (
+    literal_secrets,
+    redact_logs,
+    redact_sweep_record,
+    redacted,
+    redacted_hydra_record,
+    secret_paths,
+)
 from grpo_kit.contract.errors import ConfigError, UserError
 from grpo_kit.contract.kinds import KINDS
 from grpo_kit.model.threads import wait_passively
@@ -76,6 +83,8 @@ def main() -> None:
     try:
         registry = Registry()
         overrides = [arg for arg in sys.argv[1:] if "=" in arg and not arg.startswith("-")]
+        if secrets := literal_secrets(overrides, registry):
+            redact_logs(secrets)
         check_choices(overrides, registry)
         if {"--help", "-h"} & set(sys.argv[1:]):
             print(help_text(overrides, registry))
@@ -99,6 +108,8 @@ def main() -> None:
         in_sweep = hydra_cfg.mode == RunMode.MULTIRUN
         composed = OmegaConf.to_yaml(OmegaConf.create(redacted(cfg, resolve=False)))
         secrets = secret_paths(cfg)
+        if in_sweep:  # Hydra's sweeper wrote the command line into it before any run
+            redact_sweep_record(Path(hydra_cfg.sweep.dir) / "multirun.yaml", secrets)
         try:
             cfg = complete(cfg, registry)
             check_rewards_chosen(cfg, registry)  # here, not when the rewards are built: before torch loads
@@ -185,15 +196,13 @@ def refused(error: UserError, in_sweep: bool) -> None:
 def write_hydra_files(run_dir: Path, composed: str, secrets: set[str]) -> None:
     """What Hydra writes into .hydra/ before a run, written once the run has claimed its directory, with no secret
     option given literally on the command line (config/secrets.py)."""
-    record = OmegaConf.to_container(HydraConfig.get(), resolve=False)  # a ListConfig would resolve ${oc.env:...}
-    job, overrides = record["job"], record["overrides"]
-    overrides["task"] = redacted_overrides(overrides["task"], secrets)
-    job["override_dirname"] = ",".join(redacted_overrides(job["override_dirname"].split(","), secrets))
+    # As a container: a ListConfig of overrides would resolve '${oc.env:...}' into the secret itself.
+    record = redacted_hydra_record(OmegaConf.to_container(HydraConfig.get(), resolve=False), secrets)
     folder = run_dir / ".hydra"
     folder.mkdir(exist_ok=True)
     (folder / "config.yaml").write_text(composed)
     OmegaConf.save(OmegaConf.create({"hydra": record}), folder / "hydra.yaml")
-    OmegaConf.save(OmegaConf.create(overrides["task"]), folder / "overrides.yaml")
+    OmegaConf.save(OmegaConf.create(record["overrides"]["task"]), folder / "overrides.yaml")
 
 
 def write_error_file(run_dir: Path, failure: str) -> None:

@@ -6,10 +6,14 @@ kept as it is, so that the recorded command and the resume command still work.
 """
 
 import dataclasses
+import logging
+import os
+from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
 from grpo_kit.contract.secrets import is_secret
+from grpo_kit.plugins.registry import Registry
 
 REDACTED = "<secret>"
 
@@ -58,4 +62,72 @@ def _redacted_override(override: str, paths: set[str]) -> str:
 
 
 def _is_interpolation(value) -> bool:
+    """`${oc.env:NAME}`, or as a sweep's job gets it, escaped: `$\\{oc.env\\:NAME\\}`."""
+    value = value.replace("\\", "") if isinstance(value, str) else value
     return isinstance(value, str) and value.startswith("${") and value.endswith("}")
+
+
+def redacted_hydra_record(record: dict, paths: set[str]) -> dict:
+    """Hydra's record of a job (HydraConfig, as a container) with the secrets its command line gave replaced."""
+    overrides, job = record.get("overrides") or {}, record.get("job") or {}
+    if overrides.get("task"):
+        overrides["task"] = redacted_overrides(overrides["task"], paths)
+    if job.get("override_dirname"):
+        job["override_dirname"] = ",".join(redacted_overrides(job["override_dirname"].split(","), paths))
+    return record
+
+
+def redact_sweep_record(path: Path, paths: set[str]) -> None:
+    """multirun.yaml, which Hydra's sweeper writes into the sweep's folder before any run starts: its command line
+    and its config, with the secrets given literally replaced (interpolations kept: they hold none)."""
+    if not paths or not path.is_file():
+        return
+    record = OmegaConf.to_container(OmegaConf.load(path), resolve=False)
+    redacted_hydra_record(record.get("hydra") or {}, paths)
+    for secret in paths:
+        *parents, name = secret.split(".")
+        node = record
+        for parent in parents:
+            node = node.get(parent) if isinstance(node, dict) else None
+        if isinstance(node, dict) and node.get(name) is not None and not _is_interpolation(node[name]):
+            node[name] = REDACTED
+    written = path.with_name(f".{path.name}.{os.getpid()}")  # the sweep's runs may do this at once
+    OmegaConf.save(OmegaConf.create(record), written)
+    os.replace(written, path)
+
+
+def literal_secrets(overrides: list[str], registry: Registry) -> set[str]:
+    """The values of the command line's overrides that name an installed plugin's secret option literally (not as
+    an interpolation): known before Hydra composes the run, and logs it."""
+    names = {
+        field.name
+        for kind in registry.kinds()
+        for plugin in registry.plugins(kind)
+        if dataclasses.is_dataclass(plugin.config)
+        for field in dataclasses.fields(plugin.config)
+        if is_secret(field)
+    }
+    values = set()
+    for override in overrides:
+        key, _, value = override.partition("=")
+        value = value.strip("'\"")
+        if key.rsplit(".", 1)[-1] in names and value and not _is_interpolation(value):
+            values.add(value)
+    return values
+
+
+def redact_logs(values: set[str]) -> None:
+    """Replace `values` in every log record from now on, whoever logs it: Hydra's launchers log each job's
+    command line before any run starts."""
+    make_record = logging.getLogRecordFactory()
+
+    def redacting(*args, **kwargs) -> logging.LogRecord:
+        record = make_record(*args, **kwargs)
+        message = record.getMessage()
+        if any(value in message for value in values):
+            for value in values:
+                message = message.replace(value, REDACTED)
+            record.msg, record.args = message, None
+        return record
+
+    logging.setLogRecordFactory(redacting)
