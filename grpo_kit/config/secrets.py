@@ -38,14 +38,19 @@ def secret_paths(cfg: DictConfig) -> set[str]:
 def redacted(cfg: DictConfig, resolve: bool = True) -> dict:
     """`cfg` as a plain container with every secret option that is set replaced; `resolve=False` keeps
     interpolations, which hold no secret."""
-    container = OmegaConf.to_container(cfg, resolve=resolve)
-    for path in secret_paths(cfg):
+    return _replaced(OmegaConf.to_container(cfg, resolve=resolve), secret_paths(cfg), keep_interpolations=not resolve)
+
+
+def _replaced(container: dict, paths: set[str], keep_interpolations: bool) -> dict:
+    """`container` with the value at each dotted path in `paths` that is set replaced by REDACTED."""
+    for path in paths:
         *parents, name = path.split(".")
         node = container
         for parent in parents:
-            node = node[parent]
-        if node.get(name) is not None and not (not resolve and _is_interpolation(node[name])):
-            node[name] = REDACTED
+            node = node.get(parent) if isinstance(node, dict) else None
+        if isinstance(node, dict) and node.get(name) is not None:
+            if not (keep_interpolations and _is_interpolation(node[name])):
+                node[name] = REDACTED
     return container
 
 
@@ -84,13 +89,7 @@ def redact_sweep_record(path: Path, paths: set[str]) -> None:
         return
     record = OmegaConf.to_container(OmegaConf.load(path), resolve=False)
     redacted_hydra_record(record.get("hydra") or {}, paths)
-    for secret in paths:
-        *parents, name = secret.split(".")
-        node = record
-        for parent in parents:
-            node = node.get(parent) if isinstance(node, dict) else None
-        if isinstance(node, dict) and node.get(name) is not None and not _is_interpolation(node[name]):
-            node[name] = REDACTED
+    _replaced(record, paths, keep_interpolations=True)
     written = path.with_name(f".{path.name}.{os.getpid()}")  # the sweep's runs may do this at once
     OmegaConf.save(OmegaConf.create(record), written)
     os.replace(written, path)
