@@ -114,3 +114,59 @@ def test_the_training_loop_reads_in_one_sitting():
     """grpo_kit/training/loop.py is setup, then generate -> score -> advantages -> log-probs -> loss -> step, end of
     step: what does not tell that story lives in the modules it calls."""
     assert len((CORE / "training" / "loop.py").read_text().splitlines()) < 150
+
+
+def module_name(path: Path) -> str:
+    """grpo_kit/config/compose.py -> grpo_kit.config.compose; a package's __init__.py -> the package."""
+    parts = path.relative_to(CORE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Each module under grpo_kit/ with the grpo_kit modules it imports, at the top or inside a function
+    (`from grpo_kit.model import vision` imports grpo_kit.model.vision)."""
+    modules = {module_name(path): path for path in CORE.rglob("*.py")}
+    graph = {}
+    for name, path in modules.items():
+        imported = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                submodules = {f"{node.module}.{alias.name}" for alias in node.names} & modules.keys()
+                imported |= submodules or {node.module}
+            elif isinstance(node, ast.Import):
+                imported |= {alias.name for alias in node.names}
+        graph[name] = (imported & modules.keys()) - {name}
+    return graph
+
+
+def import_cycle(graph: dict[str, set[str]]) -> list[str]:
+    """One chain of imports that comes back to the module it starts from (a, b, a), or [] when there is none."""
+    no_cycle_below = set()
+
+    def visit(module: str, chain: list[str]) -> list[str]:
+        if module in chain:
+            return chain[chain.index(module) :] + [module]
+        if module in no_cycle_below:
+            return []
+        for imported in sorted(graph[module]):
+            if cycle := visit(imported, chain + [module]):
+                return cycle
+        no_cycle_below.add(module)
+        return []
+
+    for module in sorted(graph):
+        if cycle := visit(module, []):
+            return cycle
+    return []
+
+
+def test_no_module_imports_itself_through_others():
+    """A circle of imports works only in the order Python happens to meet it (hence imports hidden in functions),
+    and leaves neither module readable without the other: the modules of a circle belong in one, or a third."""
+    assert import_cycle(import_graph()) == []
+
+
+def test_the_cycle_test_sees_a_circle():
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"b"}, "d": set()}
+    assert import_cycle(graph) == ["b", "c", "b"]
+    assert import_cycle({"a": {"b"}, "b": set()}) == []

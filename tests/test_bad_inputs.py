@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import grpo_kit
-from grpo_kit.config.compose import DataConfig
+from grpo_kit.config.schema import DataConfig
 from grpo_kit.contract.errors import ConfigError, InputFileError
 from grpo_kit.outputs import checkpoints as checkpoint
 from grpo_kit.rollout.prompts import load_prompts

@@ -197,7 +197,7 @@ def test_a_model_whose_logits_are_not_its_heads_output_is_refused(registry, tiny
 
 def test_a_lora_policy_and_its_adapter_free_reference(registry, tiny_model):
     pytest.importorskip("peft")
-    from grpo_kit.config.compose import LoraConfig
+    from grpo_kit.config.schema import LoraConfig
     from grpo_kit.model.lora import add_adapters
 
     full, chunked = policy_losses(registry, ["+loss=bnpo", "algorithm.beta=0.1"])

@@ -10,13 +10,9 @@ from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 
 import grpo_kit
-from grpo_kit.config.compose import (
-    DEFAULT_CHOICES,
-    SINGLE_CHOICE_KINDS,
-    check_a_reward_may_be_chosen,
-    check_choices,
-    with_presets,
-)
+from grpo_kit.config.compose import SINGLE_CHOICE_KINDS, with_presets
+from grpo_kit.config.overrides import check_a_reward_may_be_chosen, check_choices
+from grpo_kit.config.schema import DEFAULT_CHOICES
 from grpo_kit.contract.errors import ConfigError, PluginError
 from grpo_kit.plugins.registry import Registry, plugin_manager
 from grpo_kit.training.builders import build_rewards

@@ -11,7 +11,7 @@ import torch
 from safetensors.torch import load_file
 
 import grpo_kit
-from grpo_kit.config.compose import DataConfig, EvalConfig
+from grpo_kit.config.schema import DataConfig, EvalConfig
 from grpo_kit.contract.errors import ConfigError
 from grpo_kit.embedded import sums as embedded
 from grpo_kit.embedded import tool_use as embedded_tool_use

@@ -11,10 +11,11 @@ import shutil
 import sys
 from pathlib import Path
 
-import grpo_kit.config.compose
+import grpo_kit.config.presets
 from grpo_kit.cli import main as cli
 from grpo_kit.cli.commands import main as grpo_kit_command
-from grpo_kit.config.compose import DEFAULT_CHOICES, NOT_PRESETS, PRESETS_MODULE
+from grpo_kit.config.presets import NOT_PRESETS, PRESETS_MODULE
+from grpo_kit.config.schema import DEFAULT_CHOICES
 from grpo_kit.contract.kinds import KINDS
 from grpo_kit.plugins.inventory import field_help
 
@@ -78,7 +79,7 @@ def test_a_new_preset_or_group_is_listed_without_a_change_to_the_code(registry, 
     (conf / "curriculum").mkdir()
     (conf / "curriculum" / "easy_first.yaml").write_text("# @package _global_\nseed: 2\n")
     monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.setattr(grpo_kit.config.compose, "PRESETS_MODULE", "my_conf")
+    monkeypatch.setattr(grpo_kit.config.presets, "PRESETS_MODULE", "my_conf")
 
     text = cli.help_text([], registry)
 

@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -36,6 +37,26 @@ def test_compose_loads_nothing_heavy():
                           "rollout_correction=token_truncate", "generation=vllm_server"])
     """
     assert heavy_modules_after(code) == []
+
+
+def test_the_run_schema_loads_no_hydra():
+    """The run's sections are plain dataclasses that a module imports without the composition. `import grpo_kit`
+    composes (grpo_kit.compose), so schema.py is loaded alone, from its file: then it loads neither Hydra nor
+    OmegaConf, nor any module of grpo_kit (which would load grpo_kit/__init__.py, and Hydra with it)."""
+    schema = Path(grpo_kit.__file__).parent / "config" / "schema.py"
+    code = f"""
+        import importlib.util, sys
+        spec = importlib.util.spec_from_file_location("grpo_kit.config.schema", {str(schema)!r})
+        module = sys.modules[spec.name] = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        assert module.RunConfig().trainer.max_steps > 0
+        print("LOADED=" + json.dumps([name for name in ("hydra", "omegaconf", "grpo_kit") if name in sys.modules]))
+    """
+    child = subprocess.run(
+        [sys.executable, "-c", "import json\n" + textwrap.dedent(code)], capture_output=True, text=True
+    )
+    assert child.returncode == 0, child.stderr
+    assert child.stdout.strip() == "LOADED=[]"
 
 
 @pytest.mark.parametrize(

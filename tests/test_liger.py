@@ -235,7 +235,7 @@ def test_an_untied_head_and_a_float32_head(registry, tmp_path):
 @needs_liger
 def test_a_lora_policy(registry, tiny_model):
     pytest.importorskip("peft")
-    from grpo_kit.config.compose import LoraConfig
+    from grpo_kit.config.schema import LoraConfig
     from grpo_kit.model.lora import add_adapters
 
     model = add_adapters(AutoModelForCausalLM.from_pretrained(tiny_model), LoraConfig(dropout=0.0))

@@ -9,7 +9,7 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
 import grpo_kit
-from grpo_kit.config.compose import LoraConfig, ModelConfig
+from grpo_kit.config.schema import LoraConfig, ModelConfig
 from grpo_kit.contract.errors import ConfigError
 from grpo_kit.model.loading import load_model
 from grpo_kit.testing import build_tiny_model, tiny_run

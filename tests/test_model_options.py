@@ -9,7 +9,7 @@ import torch
 from transformers import AutoModelForCausalLM, Qwen2ForCausalLM
 
 import grpo_kit
-from grpo_kit.config.compose import ModelConfig
+from grpo_kit.config.schema import ModelConfig
 from grpo_kit.model.loading import checkpointing_wanted, load_model
 from grpo_kit.rollout.prompts import prompt_text, use_chat_template_kwargs
 from grpo_kit.rollout.tool_use import render

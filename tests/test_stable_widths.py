@@ -8,7 +8,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 import grpo_kit
-from grpo_kit.config.compose import ModelConfig
+from grpo_kit.config.schema import ModelConfig
 from grpo_kit.contract.errors import ConfigError
 from grpo_kit.model.fast.stable_widths import width_multiple
 from grpo_kit.model.fast.switches import SpeedUps, takes_length_groups, use_speed_ups

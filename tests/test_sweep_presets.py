@@ -15,7 +15,8 @@ import yaml
 from omegaconf import OmegaConf
 
 import grpo_kit
-from grpo_kit.config.compose import PRESETS_MODULE, PRIMARY_CONFIG, store_configs
+from grpo_kit.config.compose import PRIMARY_CONFIG, store_configs
+from grpo_kit.config.presets import PRESETS_MODULE
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 PRESET_FOLDERS = ["experiment", "sweep", "sweep/losses", "hydra/launcher", "hydra/sweeper"]

@@ -13,7 +13,7 @@ from transformers import get_scheduler
 from transformers.optimization import Adafactor
 
 import grpo_kit
-from grpo_kit.config.compose import TrainerConfig
+from grpo_kit.config.schema import TrainerConfig
 from grpo_kit.contract.errors import ConfigError
 from grpo_kit.contract.pipeline import Run
 from grpo_kit.outputs.trackers import TrackerLogger, accelerate_trackers, check_trackers

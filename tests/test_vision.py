@@ -13,7 +13,8 @@ import torch
 from PIL import Image
 
 import grpo_kit
-from grpo_kit.config.compose import DataConfig, LoraConfig, ModelConfig, options
+from grpo_kit.config.compose import options
+from grpo_kit.config.schema import DataConfig, LoraConfig, ModelConfig
 from grpo_kit.contract.errors import ConfigError
 from grpo_kit.model.fast.chunked_logits import chunked_logps_and_entropies
 from grpo_kit.model.loading import load_model, load_processor

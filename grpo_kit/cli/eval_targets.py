@@ -9,7 +9,9 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
-from grpo_kit.config.compose import RunConfig, check_choices, complete, compose
+from grpo_kit.config.compose import complete, compose
+from grpo_kit.config.overrides import check_choices
+from grpo_kit.config.schema import RunConfig
 from grpo_kit.contract.errors import ConfigError, InputFileError
 from grpo_kit.contract.kinds import KINDS
 from grpo_kit.outputs.checkpoints import (

@@ -24,18 +24,17 @@ from hydra.types import RunMode
 from omegaconf import OmegaConf
 
 from grpo_kit.config.compose import (
-    DEFAULT_CHOICES,
     PRIMARY_CONFIG,
-    check_a_reward_may_be_chosen,
-    check_choices,
     check_rewards_chosen,
     complete,
     hydra_composition,
     note_default_loss,
-    preset_choices,
     store_configs,
     with_presets,
 )
+from grpo_kit.config.overrides import check_a_reward_may_be_chosen, check_choices
+from grpo_kit.config.presets import preset_choices
+from grpo_kit.config.schema import DEFAULT_CHOICES
 from grpo_kit.config.secrets import (
     literal_secrets,
     redact_logs,

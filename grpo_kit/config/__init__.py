@@ -1,1 +1,2 @@
-"""The run's config: schema dataclasses, Hydra composition and presets, compatibility checks."""
+"""The run's config: its schema (dataclasses), the overrides' checks, the presets, Hydra composition, compatibility
+checks."""

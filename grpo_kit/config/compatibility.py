@@ -13,6 +13,7 @@ import re
 
 from omegaconf import DictConfig
 
+from grpo_kit.config.schema import EvalSetConfig
 from grpo_kit.contract.errors import ConfigError
 from grpo_kit.plugins.registry import Registry
 
@@ -216,8 +217,6 @@ def check_eval(evaluation: DictConfig) -> None:
 
 
 def check_eval_set(name: str, options) -> None:
-    from grpo_kit.config.compose import EvalSetConfig  # compose.py imports this module
-
     fields = [field.name for field in dataclasses.fields(EvalSetConfig)]
     if name in RESERVED_EVAL_SET_NAMES:
         raise ConfigError(

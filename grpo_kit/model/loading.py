@@ -7,7 +7,7 @@ from pathlib import Path
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText, AutoProcessor, AutoTokenizer
 
-from grpo_kit.config.compose import ModelConfig
+from grpo_kit.config.schema import ModelConfig
 from grpo_kit.contract.errors import ConfigError
 from grpo_kit.contract.lora import has_adapters
 from grpo_kit.embedded import sums as embedded

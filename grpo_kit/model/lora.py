@@ -9,7 +9,7 @@ import re
 
 import torch
 
-from grpo_kit.config.compose import LoraConfig
+from grpo_kit.config.schema import LoraConfig
 
 
 def check_peft_installed() -> None:

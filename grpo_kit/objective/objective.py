@@ -10,7 +10,8 @@ from dataclasses import dataclass, field
 import torch
 from omegaconf import OmegaConf
 
-from grpo_kit.config.compose import AlgorithmConfig, options
+from grpo_kit.config.compose import options
+from grpo_kit.config.schema import AlgorithmConfig
 from grpo_kit.contract.kinds import ImportanceSampling, Loss, LossInputs, Reduction, RolloutCorrection, declared
 from grpo_kit.contract.reductions import masked_mean
 from grpo_kit.plugins.registry import Registry

@@ -32,8 +32,8 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from safetensors import SafetensorError
 
-from grpo_kit.config.compose import is_main_process
 from grpo_kit.config.secrets import REDACTED, redacted
+from grpo_kit.contract.distributed import is_main_process
 from grpo_kit.contract.errors import ConfigError, InputFileError
 
 log = logging.getLogger(__name__)

@@ -18,7 +18,7 @@ import datasets
 import torch
 from accelerate.utils import gather_object
 
-from grpo_kit.config.compose import DataConfig, EvalConfig, EvalSetConfig
+from grpo_kit.config.schema import DataConfig, EvalConfig, EvalSetConfig
 from grpo_kit.contract.advantages import nanstd
 from grpo_kit.contract.errors import ConfigError
 from grpo_kit.contract.kinds import declared

@@ -8,7 +8,7 @@ from pathlib import Path
 import datasets
 from datasets.exceptions import DatasetGenerationError
 
-from grpo_kit.config.compose import DataConfig
+from grpo_kit.config.schema import DataConfig
 from grpo_kit.contract.errors import ConfigError, InputFileError
 from grpo_kit.embedded import sums as embedded
 
