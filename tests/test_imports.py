@@ -108,7 +108,7 @@ def test_the_heavy_public_names_import_when_used():
 
 
 def test_the_conformance_kit_names_what_imports_torch(local_plugin):
-    from grpo_kit.testing.contracts import _what_imports_torch
+    from grpo_kit.testing.contracts.plugin import _what_imports_torch
 
     heavy = local_plugin("heavy_plugin_module", "import torch\n")
     registers_heavy = local_plugin(

@@ -19,6 +19,12 @@ PUBLIC_MODULES = {
         for path in (ROOT / package.replace(".", "/")).glob("*.py")
         if path.stem != "__init__"
     ),
+    # A sub-package is public as a whole (grpo_kit.testing.contracts): how its modules divide it is its own affair.
+    *(
+        f"{package}.{path.parent.name}"
+        for package in PUBLIC_PACKAGES
+        for path in (ROOT / package.replace(".", "/")).glob("*/__init__.py")
+    ),
 }
 PLUGIN_SOURCES = [
     *ROOT.glob("plugins/grpo_kit_*/grpo_kit_*/**/*.py"),
