@@ -72,6 +72,12 @@ class GlooWeightTransferEngine(WeightTransferEngine[GlooInitInfo, GlooUpdateInfo
     def init_transfer_engine(self, init_info: GlooInitInfo) -> None:
         if init_info.packed_num_buffers < 1 or init_info.packed_buffer_size_bytes <= 0:
             raise ValueError("packed_num_buffers must be at least 1 and packed_buffer_size_bytes positive")
+        if self.group is not None and self.group.trainer_alive():
+            # vLLM's own engines hand the transfer to whoever asks last: two runs would overwrite each other's weights.
+            raise RuntimeError(
+                "This server's weight transfer belongs to another trainer, which still holds it: a server takes the "
+                "weights of one run. Start a server for this run, or stop the other first."
+            )
         self.shutdown()
         rank = init_info.rank_offset + self.parallel_config.rank
         self.group = transport.GlooGroup(init_info.master_address, init_info.master_port, rank, init_info.world_size)

@@ -145,8 +145,8 @@ class VLLMServerGeneration:
             )
         info = self._server_info()
         if self.client.get("/is_paused").get("is_paused"):
-            # Another trainer is sending it weights, or died doing so and left it paused for good (vLLM's weight
-            # update belongs to no client and never expires): either way this run could not sync.
+            # Another trainer is sending it weights, or died doing so and left it paused for good (vLLM's pause never
+            # expires; the test server's does, docs/generation.md "One server, one run"): this run could not sync.
             raise ServerError(
                 f"The vLLM server at {self.config.base_url} is paused: another trainer is sending it weights, or "
                 "stopped while it did. A server serves one run at a time: restart it, or let this run start its own "

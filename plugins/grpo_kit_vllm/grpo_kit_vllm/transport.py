@@ -123,19 +123,29 @@ class GlooGroup:
     def __init__(self, master_address: str, master_port: int, rank: int, world_size: int, timeout: float = 300.0):
         timeout = datetime.timedelta(seconds=timeout)
         # Rank 0 listens; everyone returns once all have joined, so the ranks must start concurrently.
+        self.store = None  # a receiver's connection to the trainer's store, which lives as long as the trainer's group
         if rank == 0:
             self.group = listening_group(master_address, master_port, world_size, timeout)
         else:
-            store = torch.distributed.TCPStore(master_address, master_port, world_size, False, timeout=timeout)
-            self.group = torch.distributed.ProcessGroupGloo(store, rank, world_size, timeout)
+            self.store = torch.distributed.TCPStore(master_address, master_port, world_size, False, timeout=timeout)
+            self.group = torch.distributed.ProcessGroupGloo(self.store, rank, world_size, timeout)
 
     def broadcast(self, tensor: torch.Tensor, src: int = 0) -> None:
         options = torch.distributed.BroadcastOptions()
         options.rootRank = src
         self.group.broadcast([tensor], options).wait()
 
+    def trainer_alive(self) -> bool:
+        """On a receiver: whether rank 0 still holds the group. Its store closes with its group, or with its process
+        however that ends (a crash, SIGKILL), and a request to a closed store fails at once."""
+        try:
+            self.store.check(["trainer"])
+        except torch.distributed.DistNetworkError:
+            return False
+        return True
+
     def close(self) -> None:
-        self.group = None
+        self.group = self.store = None
 
 
 def listening_group(address: str, port: int, world_size: int, timeout: datetime.timedelta):

@@ -32,7 +32,7 @@ from grpo_kit.testing.models import build_tiny_model
 from grpo_kit.testing.runs import tiny_run
 from grpo_kit_vllm import launch, transport
 from grpo_kit_vllm.alongside import Background
-from grpo_kit_vllm.client import ServerClient
+from grpo_kit_vllm.client import ServerClient, ServerError
 from grpo_kit_vllm.config import VLLMServerConfig
 from grpo_kit_vllm.launch import LaunchedServer, vllm_serve_command, vllm_server_environment
 from grpo_kit_vllm.server_generation import VLLMServerGeneration
@@ -323,6 +323,19 @@ def test_a_completion_asked_while_the_real_server_is_paused_waits_for_resume(rea
         assert asked.result(timeout=60).completion_ids.shape[0] == 1
     finally:
         generation.close()
+
+
+def test_the_gloo_engine_refuses_a_second_trainer_while_the_first_holds_the_transfer(real, model_dir):
+    model = AutoModelForCausalLM.from_pretrained(model_dir)
+    first = started(model, model_dir, base_url=real.url, retries=0, max_completion_length=2)
+    try:
+        with pytest.raises(ServerError) as refused:
+            started(model, model_dir, base_url=real.url, retries=0, max_completion_length=2)
+        print("the second trainer was told:", refused.value)
+        assert refused.value.status == 500
+    finally:
+        first.close()
+    started(model, model_dir, base_url=real.url, retries=0, max_completion_length=2).close()  # free again
 
 
 def test_vllm_cpu_keeps_a_tied_head_stale_after_a_sync_so_the_client_refuses_tied_models(vllm_python, tmp_path):

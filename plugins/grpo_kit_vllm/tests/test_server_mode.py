@@ -123,6 +123,23 @@ class TestVLLMServerGeneration(GenerationContract):
 
     @pytest.fixture(scope="class")
     @classmethod
+    def second_server(cls, model_and_tokenizer, tmp_path_factory):
+        directory = tmp_path_factory.mktemp("second-contract-server")
+        model, tokenizer = model_and_tokenizer
+        model.save_pretrained(directory)
+        tokenizer.save_pretrained(directory)
+        server = ServerProcess(directory, directory / "server.log")
+        yield server
+        server.kill()
+
+    def test_takes_new_weights(self, contract_case, plugin_config, model_and_tokenizer, second_server):
+        """The kit's check, on a server of its own: the class's started backend holds the first server's weight
+        transfer, and a server takes the weights of one trainer (docs/generation.md, "One server, one run")."""
+        own_server = dataclasses.replace(plugin_config, base_url=second_server.url)
+        super().test_takes_new_weights(contract_case, own_server, model_and_tokenizer)
+
+    @pytest.fixture(scope="class")
+    @classmethod
     def vision_server(cls, tmp_path_factory):
         """A test server on the contract's tiny Qwen2-VL (the same architecture; the backend sends its weights)."""
         directory = build_tiny_vision_model(tmp_path_factory.mktemp("contract-vision-server"))

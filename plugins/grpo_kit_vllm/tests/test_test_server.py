@@ -459,3 +459,61 @@ def test_generation_goes_on_while_the_server_waits_for_the_trainer_to_join(sync_
     assert waiting, "the server should still have been waiting for the trainer"
     assert call(sync_url, "/shutdown_weight_transfer_engine", {}) == (200, {"message": "Weight transfer shut down"})
     group.close()
+
+
+def init_info(port: int) -> dict:
+    return {"master_address": "127.0.0.1", "master_port": port, "rank_offset": 1, "world_size": 2, "packed": True}
+
+
+def test_the_weight_transfer_belongs_to_the_trainer_that_opened_it(sync_url):
+    first = Trainer(sync_url)
+    try:
+        status, answer = call(sync_url, "/init_weight_transfer_engine", {"init_info": init_info(free_port())})
+        assert status == 409 and "belongs to another trainer" in answer["error"]["message"]
+        assert call(sync_url, "/start_weight_update", {}) == (200, {"message": "Weight update started"})
+        assert call(sync_url, "/finish_weight_update", {}) == (200, {"message": "Weight update finished"})
+    finally:
+        first.close()
+    second = Trainer(sync_url)  # the first let go: the transfer is free again
+    second.close()
+
+
+# A trainer that opens the transfer, pauses the server, starts a round and then stays there until it is killed.
+ABANDONING_TRAINER = """
+import sys, time
+from concurrent.futures import ThreadPoolExecutor
+from grpo_kit_vllm import transport
+from grpo_kit_vllm.testing.http import call
+url, port = sys.argv[1], int(sys.argv[2])
+info = {"master_address": "127.0.0.1", "master_port": port, "rank_offset": 1, "world_size": 2}
+with ThreadPoolExecutor(1) as pool:
+    answer = pool.submit(call, url, "/init_weight_transfer_engine", {"init_info": info})
+    group = transport.GlooGroup("127.0.0.1", port, rank=0, world_size=2, timeout=60)
+    assert answer.result()[0] == 200, answer.result()
+assert call(url, "/pause?mode=wait", {})[0] == 200
+assert call(url, "/start_weight_update", {})[0] == 200
+print("paused", flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_sync_whose_trainer_died_is_lifted_for_the_others(sync_url):
+    """A trainer killed mid-sync leaves vLLM paused for good; here its pause and its round end with it."""
+    command = [sys.executable, "-c", ABANDONING_TRAINER, sync_url, str(free_port())]
+    trainer = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
+    try:
+        assert trainer.stdout.readline().strip() == "paused"
+        assert call(sync_url, "/is_paused") == (200, {"is_paused": True})
+        assert call(sync_url, "/v1/completions", {"prompt": PROMPTS, "max_tokens": 2})[0] == 503
+        trainer.kill()
+        trainer.wait()
+        deadline = time.monotonic() + 10
+        while call(sync_url, "/is_paused")[1]["is_paused"]:
+            assert time.monotonic() < deadline, "the dead trainer's pause should have expired"
+            time.sleep(0.2)
+        complete(sync_url, prompt=PROMPTS, max_tokens=2)
+        survivor = Trainer(sync_url)  # the round and the transfer ended with their trainer
+        survivor.close()
+    finally:
+        trainer.kill()
+        trainer.wait()

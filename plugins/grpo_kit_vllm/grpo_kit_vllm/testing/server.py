@@ -32,6 +32,12 @@ distributed/weight_transfer/nccl_engine.py) except where this list says otherwis
   first. Either way the trainer is left broadcasting to no one: it must be watching the answer. And either way the
   server is spent, as vLLM's is (its layers are left half reloaded): the next completion is answered 500 with vLLM's
   "EngineCore encountered an issue" and the process exits (with code 0, as vLLM's).
+- The weight transfer belongs to the trainer that opened it, and expires with it. While that trainer holds its
+  group, another `/init_weight_transfer_engine` is refused (409), where vLLM hands the transfer to whoever asks last:
+  two runs sharing a server would each overwrite the other's weights. Once it is gone (its group closed, its process
+  ended however it ended), a pause it left is lifted and an update it left is ended within `LEASE_POLL_SECONDS`,
+  where vLLM stays paused for good and strands every other client. A real vLLM does neither
+  (docs/generation.md, "One server, one run").
 - `/server_info` reports what a trainer reads there: weight_transfer_config (gloo, the backend this server and a
   vLLM on CPUs with grpo_kit_vllm's gloo engine take weights over) and the request limits.
 - `/v1/chat/completions` renders the messages with the tokenizer's chat template and answers as vLLM does, without
@@ -92,6 +98,7 @@ LOGPROB_FLOOR = -9999.0  # vLLM's stand-in for -inf, which JSON cannot carry
 INITIAL_WEIGHT_VERSION = "default"  # vLLM's engine starts with this label
 ENGINE_DEAD = "EngineCore encountered an issue. See stack trace (above) for the root cause."  # EngineDeadError
 PAUSE_MODES = ("abort", "wait", "keep")
+LEASE_POLL_SECONDS = 1.0  # how often a paused server asks whether the trainer that paused it is still there
 # The sampling fields vLLM takes from the model's generation_config.json when a request leaves them unset.
 MODEL_SAMPLING_DEFAULTS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
 # vLLM request fields this server does not implement, with the values that leave them off.
@@ -860,6 +867,12 @@ class WeightSync:
         # Checked as vLLM would, then unused: this server receives one chunk at a time.
         _field(info, "packed_num_buffers", int, transport.NUM_BUFFERS, lambda v: v >= 1, "at least 1")
         with self.lock:
+            if self.group is not None and self.group.trainer_alive():
+                raise RequestError(
+                    "This server's weight transfer belongs to another trainer, which still holds it: a server takes "
+                    "the weights of one run. Start a server for this run, or stop the other first.",
+                    HTTPStatus.CONFLICT,
+                )
             self.close()
             # Blocks until the trainer, rank 0, has joined: it posts this request while opening its own end.
             self.group = transport.GlooGroup(address, port, rank=rank_offset, world_size=world_size)
@@ -938,6 +951,20 @@ class WeightSync:
             self.group.close()
             self.group = None
 
+    def expire_if_trainer_gone(self) -> bool:
+        """End the transfer, and a round in progress, of a trainer that is gone; whether it did. An update that is
+        receiving holds the lock: it fails by itself when its sender goes."""
+        if not self.lock.acquire(blocking=False):
+            return False
+        try:
+            if self.group is None or self.group.trainer_alive():
+                return False
+            self.updating = False
+            self.close()
+            return True
+        finally:
+            self.lock.release()
+
     def _metas(self, info: dict) -> list[transport.TensorMeta]:
         """The tensors this round announces; empty lists: those of the round before, as vLLM allows."""
         if unknown := sorted(info.keys() - UPDATE_FIELDS):
@@ -999,6 +1026,7 @@ class Server(ThreadingHTTPServer):
         super().__init__(address, Handler)
         self.worker, self.gate, self.weights = worker, Gate(), weights or WeightSync(worker)
         self.engine_died = False  # told a client so: the server stops, as vLLM's does when its engine dies
+        threading.Thread(target=self.expire_abandoned_syncs, daemon=True).start()
         self.routes = {
             ("GET", "/health"): lambda body, query: None,
             ("GET", "/v1/models"): self.models,
@@ -1018,6 +1046,13 @@ class Server(ThreadingHTTPServer):
             ("POST", "/shutdown_weight_transfer_engine"): self.weights.shutdown,
             ("POST", "/weight_checker"): self.weight_checker,
         }
+
+    def expire_abandoned_syncs(self) -> None:
+        """Lift the pause of a weight sync whose trainer is gone, which would otherwise strand every other client."""
+        while True:
+            time.sleep(LEASE_POLL_SECONDS)
+            if (self.gate.mode is not None or self.weights.updating) and self.weights.expire_if_trainer_gone():
+                self.gate.resume()
 
     def models(self, body: dict, query: dict) -> dict:
         card = {
