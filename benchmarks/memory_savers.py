@@ -33,7 +33,7 @@ def measure(model_dir: str, setting: dict, batch: int, length: int, steps: int) 
     import torch
     from accelerate import Accelerator
 
-    from grpo_kit.config.compose import LoraConfig, ModelConfig
+    from grpo_kit.config.schema import LoraConfig, ModelConfig
     from grpo_kit.model.loading import load_model
     from grpo_kit.model.logprobs import per_token_logps_and_entropies
 

@@ -20,15 +20,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from grpo_kit.config.compatibility import check_compatibility
 from grpo_kit.config.overrides import check_choices, chosen_names, no_reward
 from grpo_kit.config.presets import PRESET_FOR_PATH, PRESETS_MODULE
-
-# LoraConfig and ModelConfig are not used here: benchmarks/memory_savers.py imports them from this module.
-from grpo_kit.config.schema import (  # noqa: F401
-    DEFAULT_CHOICES,
-    LoraConfig,
-    ModelConfig,
-    RunConfig,
-    named_plugin_config,
-)
+from grpo_kit.config.schema import DEFAULT_CHOICES, RunConfig, named_plugin_config
 from grpo_kit.contract.distributed import is_main_process
 from grpo_kit.contract.errors import PluginError
 from grpo_kit.contract.kinds import KINDS, MULTI_CHOICE_KINDS, OPTIONAL_KINDS
