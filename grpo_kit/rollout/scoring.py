@@ -133,6 +133,10 @@ class Scorer:
         self._loop_thread.start()
         self._pool = None  # started by the first batch that needs it
 
+    def at_step(self, step: int) -> None:
+        """The rewards' `trainer_state` after `step` optimizer steps: the trainer moves it here, and nowhere else."""
+        at_step(self.trainer_state, step)
+
     def __call__(
         self, prompts: list, completions: list, completion_ids: list[list[int]], columns: dict
     ) -> tuple[torch.Tensor, dict[str, float]]:

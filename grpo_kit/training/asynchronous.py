@@ -12,6 +12,7 @@ from grpo_kit.contract.errors import ConfigError
 from grpo_kit.contract.kinds import declared
 from grpo_kit.rollout.ahead import GenerationAhead
 from grpo_kit.rollout.rollout import Rollout
+from grpo_kit.training.plan import BatchPlan
 
 log = logging.getLogger(__name__)
 
@@ -44,12 +45,10 @@ def check_asynchronous(cfg: DictConfig, generation) -> None:
         )
 
 
-def generate_ahead(
-    cfg: DictConfig, rollout: Rollout, state, num_prompts: int, micro_steps_per_batch: int
-) -> GenerationAhead:
+def generate_ahead(cfg: DictConfig, rollout: Rollout, state, plan: BatchPlan) -> GenerationAhead:
     """Start the worker from where the run stands (its start, or a resumed checkpoint); the rollout takes its
     batches from it and every other generation goes through it."""
-    accumulation = cfg.trainer.gradient_accumulation_steps
+    accumulation, micro_steps_per_batch = plan.accumulation, plan.micro_steps_per_batch
     next_batch_at = math.ceil(state.micro_step / micro_steps_per_batch) * micro_steps_per_batch
 
     def version_at_take(index: int) -> int:  # the weights' optimizer steps when the trainer takes batch `index`
@@ -58,7 +57,7 @@ def generate_ahead(
     ahead = GenerationAhead(
         rollout.generation,
         rollout.sampler,
-        num_prompts,
+        plan.prompts_per_generation,
         rollout.generate_rows,
         cfg.algorithm.max_staleness,
         state.step,

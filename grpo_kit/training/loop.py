@@ -2,10 +2,8 @@
 advantages -> log-probs -> loss, backward, optimizer step) and `end_of_step` (hooks, eval, log, checkpoint, stop),
 then the final model. docs/grpo_in_one_file.py computes the same step without the plugins.
 
-Batch sizes follow TRL's GRPOTrainer. A micro-batch holds `per_device_train_batch_size` completions; an optimizer
-step accumulates `gradient_accumulation_steps` micro-batches; a generation batch holds `steps_per_generation`
-micro-batches (by default one optimizer step's worth) and is trained on `num_iterations` times before the next one
-is generated (grpo_kit/training/batches.py).
+Batch sizes follow TRL's GRPOTrainer: grpo_kit/training/plan.py computes them once, and grpo_kit/training/batches.py
+makes and cuts each generation batch.
 """
 
 import logging
@@ -19,7 +17,6 @@ from grpo_kit.contract.errors import GenerationUnavailable
 from grpo_kit.model.sharding import mix_into_sharded_reference
 from grpo_kit.outputs.checkpoints import release_run_directory
 from grpo_kit.plugins.registry import Registry
-from grpo_kit.rollout.scoring import at_step
 from grpo_kit.training.lifecycle import Stopped, outcome
 from grpo_kit.training.saving import save_model, save_step, saved_and_stopped
 from grpo_kit.training.setup import Session, setup
@@ -68,8 +65,8 @@ def train_steps(session: Session, state: TrainState) -> bool:
 
 def train_step(session: Session, state: TrainState, step: int) -> tuple[bool, float]:
     """One optimizer step. Returns whether every loss of the step was finite, and the gradient norm."""
-    batches, optimization = session.batches, session.optimization
-    accumulation = session.cfg.trainer.gradient_accumulation_steps
+    batches, optimization, plan = session.batches, session.optimization, session.plan
+    accumulation = plan.accumulation
     # Training mode from generation to the optimizer step, as in TRL: under dropout, the samples, the old log-probs
     # and a LoRA policy's adapter-free reference log-probs all come from training-mode passes, as the trained
     # log-probs do. Only evaluation runs in eval mode.
@@ -78,13 +75,13 @@ def train_step(session: Session, state: TrainState, step: int) -> tuple[bool, fl
     finite, grad_norm = True, math.nan  # a non-finite loss anywhere in the step skips the whole optimizer step
     try:
         for index in range(accumulation):
-            if batches.due(state.micro_step):  # generate -> score -> advantages -> old and reference log-probs
+            if plan.generation_due(state.micro_step):  # generate -> score -> advantages -> old, reference log-probs
                 state.batch = batches.make(
-                    session.run, optimization.model, session.prompts_per_generation, state.micro_step, state.step
+                    session.run, optimization.model, plan.prompts_per_generation, state.micro_step, state.step
                 )
                 state.num_tokens += state.batch.tokens
                 session.resources.record_samples(step, state.batch)
-            position = state.micro_step % batches.steps_per_generation
+            position = plan.position(state.micro_step)
             state.micro_step += 1
             # forward -> loss -> backward; after the step's last micro-batch, the optimizer step
             out, finite, step_grad_norm = optimization.train_on(
@@ -98,7 +95,7 @@ def train_step(session: Session, state: TrainState, step: int) -> tuple[bool, fl
         optimization.optimizer.zero_grad(set_to_none=True)
         raise saved_and_stopped(error, session, state) from error
     state.step = step
-    at_step(session.reward_trainer_state, step)
+    session.resources.scorer.at_step(step)
     algo = session.cfg.algorithm
     if algo.sync_ref_model and step % algo.ref_model_sync_steps == 0:  # TR-DPO (arXiv 2404.09656)
         mix_into_sharded_reference(

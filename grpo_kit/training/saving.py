@@ -50,6 +50,7 @@ def resume(session, state, checkpoint) -> None:
     state.load_state_dict(saved, session.accelerator)  # the last setup step: it restores the random generators too
     session.resources.generation.update_weights(session.optimization.model, state.step)
     session.run.start_step = state.step
+    session.resources.scorer.at_step(state.step)
     log.info("Resuming from %s (step %d)", checkpoint, state.step)
 
 

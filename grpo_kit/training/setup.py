@@ -1,13 +1,19 @@
 """Everything the loop needs, built and checked before the model is loaded where it can be: a `Session` (what runs
 the steps, never saved) and a `TrainState` (what a restart needs), resumed from a checkpoint when
-`trainer.resume` finds one."""
+`trainer.resume` finds one.
+
+`setup` reads as the order things are built in, each by a builder of its own: the plugins, the accelerator, the
+prompts, the batch plan (training/plan.py), the policy and its reference, the optimization, the outputs and the
+run's resources, then the rollout and its generation batches.
+"""
 
 import logging
-import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+import datasets
 import torch
 from accelerate import Accelerator
 from accelerate.state import AcceleratorState
@@ -32,8 +38,8 @@ from grpo_kit.model.sharding import (
     state_is_sharded,
 )
 from grpo_kit.model.threads import use_torch_threads
-from grpo_kit.objective.objective import build_objective
-from grpo_kit.objective.policy_loss import build_policy_loss
+from grpo_kit.objective.objective import Objective, build_objective
+from grpo_kit.objective.policy_loss import PolicyLoss, build_policy_loss
 from grpo_kit.outputs.checkpoints import claim_run_directory
 from grpo_kit.outputs.loggers import ConsoleLogger, JsonlLogger
 from grpo_kit.outputs.plugin_lock import record_session
@@ -42,18 +48,21 @@ from grpo_kit.outputs.trackers import TrackerLogger, accelerate_trackers, check_
 from grpo_kit.plugins.registry import Registry
 from grpo_kit.rollout.checks import check_model_path, check_prompt_lengths, check_reward_columns
 from grpo_kit.rollout.evaluation import Evaluator, load_eval_sets
+from grpo_kit.rollout.images import ImagePrompts
 from grpo_kit.rollout.prompts import PromptSampler, load_prompts, use_chat_template_kwargs
 from grpo_kit.rollout.replay import RolloutRecorder, RolloutReplay
 from grpo_kit.rollout.rollout import Rollout
-from grpo_kit.rollout.scoring import Scorer, at_step, reward_trainer_state
+from grpo_kit.rollout.scoring import Scorer, reward_trainer_state
 from grpo_kit.training.asynchronous import check_asynchronous, generate_ahead
 from grpo_kit.training.batches import GenerationBatches, group_by_length, token_budget
 from grpo_kit.training.builders import build_advantage, build_custom_rollout, build_hooks, build_rewards, build_tool_use
 from grpo_kit.training.lifecycle import Resources, StopRequest
 from grpo_kit.training.optimization import Optimization
 from grpo_kit.training.optimizers import build_optimizer, build_scheduler, check_optimization
+from grpo_kit.training.plan import BatchPlan
 from grpo_kit.training.saving import resume
 from grpo_kit.training.state import TrainState
+from grpo_kit.training.token_budget import TokenBudget
 from grpo_kit.training.vision import image_prompts
 
 log = logging.getLogger(__name__)
@@ -67,12 +76,49 @@ class Session:
     run_dir: Path
     accelerator: Accelerator
     run: Run  # what hooks and plugins see of the run
+    plan: BatchPlan  # the batch sizes: completions per micro-batch, micro-batches per step and per generation
     batches: GenerationBatches  # generate -> score -> advantages -> old and reference log-probs
     optimization: Optimization  # forward -> loss -> backward -> optimizer step
     resources: Resources  # the generation backend, reward workers, loggers, hooks, signals: closed at the end
-    prompts_per_generation: int  # this process's prompts in a generation batch
-    reward_trainer_state: object  # the trainer_state rewards receive, as TRL hands its own
     started: tuple[float, int] = (0.0, 0)  # when training began (or resumed), and num_tokens then
+
+
+@dataclass
+class Plugins:
+    """The run's plugins, built before the model is loaded, so that a bad name or option costs nothing."""
+
+    objective: Objective
+    policy_loss: PolicyLoss  # the plain, chunked, tiled or Liger forward pass and loss
+    advantage: Any
+    rewards: dict
+    reward_weights: torch.Tensor  # (K,)
+    generation: Any
+    hooks: list
+
+
+@dataclass
+class Prompts:
+    """The prompts to train on and to evaluate on, their reward columns checked."""
+
+    train: datasets.Dataset
+    eval_sets: dict[str, datasets.Dataset]
+
+    @property
+    def every_set(self) -> list[datasets.Dataset]:
+        return [self.train, *self.eval_sets.values()]
+
+
+@dataclass
+class Policy:
+    """The policy, its tokenizer and reference, and what follows from the model: EOS ids, how batches are laid out."""
+
+    model: Any
+    tokenizer: Any
+    reference: Any  # the frozen reference model, when algorithm.beta > 0
+    eos: list[int]  # every backend, the tool loop and custom rollouts end completions at these
+    images: ImagePrompts | None  # a vision-language policy's prompt renderer
+    by_length: bool  # trainer.group_by_length, resolved
+    budget: TokenBudget  # trainer.max_tokens_per_micro_batch and trainer.packing
 
 
 def setup(cfg: DictConfig, run_dir: Path, registry: Registry) -> tuple[Session, TrainState]:
@@ -81,53 +127,120 @@ def setup(cfg: DictConfig, run_dir: Path, registry: Registry) -> tuple[Session, 
     checkpoint = claim_run_directory(run_dir, cfg)  # refuses before anything is written
     if cfg.trainer.resume and checkpoint is None:
         log.info("No checkpoint in %s: starting from step 0", run_dir)
-
-    # Every plugin is built before the model is loaded, so a bad name or option costs nothing.
-    objective = build_objective(cfg, registry)
-    policy_loss = build_policy_loss(cfg, objective)  # the plain, chunked or Liger forward pass and loss
-    advantage = build_advantage(cfg, registry)
-    rewards, reward_weights = build_rewards(cfg, registry)
-    generation = registry.build("generation", cfg.generation.name, options(cfg.generation))
-    check_asynchronous(cfg, generation)
-    hook_plugins = build_hooks(cfg, registry)
-
-    t, algo = cfg.trainer, cfg.algorithm
-    num_generations = cfg.generation.num_generations
-    steps_per_generation = algo.steps_per_generation or t.gradient_accumulation_steps
-    by_length = group_by_length(cfg, objective.loss, steps_per_generation)
-    budget = token_budget(cfg, objective.loss, steps_per_generation)
-    trackers = check_trackers(list(t.report_to))
-    accelerator = build_accelerator(t, run_dir, trackers)
-    generation_batch_size = t.per_device_train_batch_size * steps_per_generation  # completions, this process
-    check_processes(cfg, generation_batch_size, accelerator.num_processes)
+    plugins = build_plugins(cfg, registry)
+    trackers = check_trackers(list(cfg.trainer.report_to))
+    accelerator = build_accelerator(cfg.trainer, run_dir, trackers)
     check_moving_reference(accelerator, cfg)
-    prompts_per_generation = generation_batch_size // num_generations  # this process's whole groups
-    replay = RolloutReplay(cfg.rollouts.replay, num_generations, generation_batch_size) if cfg.rollouts.replay else None
+    check_recording(cfg, accelerator.num_processes)
     check_model_path(cfg.model.name_or_path)
-    prompts = load_prompts(cfg.data)
-    eval_sets = load_eval_sets(cfg.eval, cfg.data)
-    every_prompt_set = [prompts, *eval_sets.values()]
-    for dataset in every_prompt_set if cfg.rollout is None else ():  # a rollout plugin may add the columns
-        check_reward_columns(rewards, dataset, OmegaConf.to_container(cfg.reward, resolve=True))
-    max_steps = t.max_steps
-    if max_steps == -1:
-        max_steps = steps_in_epochs(cfg, len(prompts), prompts_per_generation * accelerator.num_processes)
-    check_optimization(t, accelerator.device, max_steps)
-
-    if accelerator.is_main_process:
-        log.info("Run directory: %s", run_dir.resolve())
-        if accelerator.num_processes > 1:  # the log is the main process's alone: say that others train too
-            log.info("%d processes train this run (%s)", accelerator.num_processes, accelerator.distributed_type.value)
-        run_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / "error.txt").unlink(missing_ok=True)  # left by an attempt that failed before this one
-        (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.create(redacted(cfg))))
+    prompts = load_checked_prompts(cfg, plugins.rewards)
+    plan = BatchPlan.of(cfg, accelerator.num_processes, len(prompts.train))
+    replay = cfg.rollouts.replay
+    replay = RolloutReplay(replay, plan.num_generations, plan.generation_batch_size) if replay else None
+    check_optimization(cfg.trainer, accelerator.device, plan.max_steps)
+    write_run_config(cfg, run_dir, accelerator, plan)
     set_seed(cfg.seed)
 
-    images = image_prompts(cfg, every_prompt_set, generation)  # reads every image now: a bad one fails here
+    policy = build_policy(cfg, plugins, prompts, plan, accelerator)
+    optimization = build_optimization(cfg.trainer, policy, plugins.policy_loss, plan, accelerator)
+    resources = build_resources(cfg, registry, plugins, plan, accelerator, trackers, len(prompts.train))
+    try:
+        plugins.generation.start(policy.model, policy.tokenizer, accelerator)
+        resources.generation = plugins.generation  # from here on it is closed however the run ends
+        for plugin in resources.plugins:
+            resources.plugin_manager.register(plugin)
+        rollout = build_rollout(cfg, registry, plugins, policy, resources, accelerator, prompts.train, replay, run_dir)
+        batches = GenerationBatches(
+            rollout,
+            plugins.policy_loss,
+            policy.reference,
+            accelerator,
+            plan.steps_per_generation,
+            plan.accumulation,
+            plan.num_iterations,
+            cfg.generation.max_completion_length,
+            policy.by_length,
+            rollout.with_logprobs,
+            policy.budget,
+        )
+        processor = policy.images.processor if policy.images else None
+        run = Run(cfg, run_dir, accelerator, policy.model, policy.tokenizer, plan.max_steps, processor=processor)
+        session = Session(cfg, run_dir, accelerator, run, plan, batches, optimization, resources)
+        state = TrainState(
+            model=accelerator.unwrap_model(policy.model),
+            optimizer=optimization.optimizer,
+            scheduler=optimization.scheduler,
+            sampler=rollout.sampler,
+            entropy_control=plugins.objective.entropy_control,
+            config=redacted(cfg),  # what the checkpoints' config.json holds
+            moving_reference=policy.reference if cfg.algorithm.sync_ref_model else None,
+            replay=rollout.replay,
+            recorder=rollout.recorder,
+        )
+        if checkpoint is not None:
+            resume(session, state, checkpoint)
+        start_side_workers(session, state, rollout, prompts.eval_sets)
+        if accelerator.is_main_process:  # the run lock: what trains from the step the run starts or resumes at
+            record_session(run_dir, registry, cfg, state.step)
+    except BaseException:
+        resources.close()
+        raise
+    return session, state
+
+
+def build_plugins(cfg: DictConfig, registry: Registry) -> Plugins:
+    objective = build_objective(cfg, registry)
+    generation = registry.build("generation", cfg.generation.name, options(cfg.generation))
+    check_asynchronous(cfg, generation)
+    rewards, reward_weights = build_rewards(cfg, registry)
+    return Plugins(
+        objective,
+        build_policy_loss(cfg, objective),
+        build_advantage(cfg, registry),
+        rewards,
+        reward_weights,
+        generation,
+        build_hooks(cfg, registry),
+    )
+
+
+def load_checked_prompts(cfg: DictConfig, rewards: dict) -> Prompts:
+    """The training and evaluation prompts, with the columns the rewards read (a rollout plugin may add them)."""
+    prompts = Prompts(load_prompts(cfg.data), load_eval_sets(cfg.eval, cfg.data))
+    for dataset in prompts.every_set if cfg.rollout is None else ():
+        check_reward_columns(rewards, dataset, OmegaConf.to_container(cfg.reward, resolve=True))
+    return prompts
+
+
+def write_run_config(cfg: DictConfig, run_dir: Path, accelerator: Accelerator, plan: BatchPlan) -> None:
+    """The run directory's config.yaml (secrets redacted), and the run's first log lines, on the main process."""
+    if not accelerator.is_main_process:
+        return
+    log.info("Run directory: %s", run_dir.resolve())
+    if accelerator.num_processes > 1:  # the log is the main process's alone: say that others train too
+        log.info("%d processes train this run (%s)", accelerator.num_processes, accelerator.distributed_type.value)
+    log.info("%s", plan.describe())
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "error.txt").unlink(missing_ok=True)  # left by an attempt that failed before this one
+    (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.create(redacted(cfg))))
+
+
+def build_policy(
+    cfg: DictConfig, plugins: Plugins, prompts: Prompts, plan: BatchPlan, accelerator: Accelerator
+) -> Policy:
+    """The policy and its reference, loaded, with what the model decides: the batches' layout, the EOS ids."""
+    t, algo = cfg.trainer, cfg.algorithm
+    # What the config alone says against grouping completions by length is refused before the model loads.
+    group_by_length(cfg, plugins.objective.loss, plan.steps_per_generation)
+    token_budget(cfg, plugins.objective.loss, plan.steps_per_generation)
+    images = image_prompts(cfg, prompts.every_set, plugins.generation)  # reads every image now: a bad one fails here
     model, tokenizer = load_model(cfg.model, t.gradient_checkpointing_kwargs)
     use_torch_threads(t.torch_threads, model.config)
     use_chat_template_kwargs(tokenizer, OmegaConf.to_container(cfg.data, resolve=True)["chat_template_kwargs"])
+    policy_loss = plugins.policy_loss
     policy_loss.use_router_aux_loss(model, algo.router_aux_loss_coef)  # refused here for a model without experts
+    by_length = group_by_length(cfg, plugins.objective.loss, plan.steps_per_generation)
+    budget = token_budget(cfg, plugins.objective.loss, plan.steps_per_generation)
     if policy_loss.router_aux_loss_coef != 0.0 and by_length:
         if t.group_by_length:
             raise ConfigError(
@@ -144,35 +257,44 @@ def setup(cfg: DictConfig, run_dir: Path, registry: Registry) -> tuple[Session, 
         )
     if budget.packing:
         use_packing(model)  # the first packed pass checks that the model keeps packed sequences apart
-    eos = eos_token_ids(model, tokenizer)  # every backend, the tool loop and custom rollouts end completions at these
-    for dataset in every_prompt_set:
-        check_prompt_lengths(
-            dataset,
-            tokenizer,
-            cfg.generation.max_completion_length,
-            getattr(model.config, "max_position_embeddings", None),
-        )
+    max_positions = getattr(model.config, "max_position_embeddings", None)
+    for dataset in prompts.every_set:
+        check_prompt_lengths(dataset, tokenizer, cfg.generation.max_completion_length, max_positions)
     reference = build_reference(cfg, model, accelerator) if algo.beta != 0.0 else None
     if reference is not None and budget.packing:
         use_packing(unwrapped(reference))
-    sampler = PromptSampler(prompts, cfg.seed, cfg.data.shuffle, accelerator.process_index, accelerator.num_processes)
-    optimizer = build_optimizer(t, model)
-    scheduler = build_scheduler(t, optimizer, max_steps)
-    # The scheduler stays unprepared: accelerate would step it once per process, TRL steps it once per step.
-    model, optimizer = accelerator.prepare(model, optimizer)
-    reference = prepare_reference(reference, accelerator)
-    optimization = Optimization(model, optimizer, scheduler, accelerator, policy_loss, t.max_grad_norm, budget=budget)
+    return Policy(model, tokenizer, reference, eos_token_ids(model, tokenizer), images, by_length, budget)
 
-    # The trainer_state rewards receive, as TRL hands its own; `at_step` moves it on after each step.
-    prompts_per_step = (
-        prompts_per_generation
-        * accelerator.num_processes
-        * t.gradient_accumulation_steps
-        / (steps_per_generation * algo.num_iterations)
+
+def build_optimization(
+    t: DictConfig, policy: Policy, policy_loss: PolicyLoss, plan: BatchPlan, accelerator: Accelerator
+) -> Optimization:
+    """The optimizer and scheduler of the policy, which this prepares for training (accelerate wraps it, and the
+    reference, in place of the plain modules)."""
+    optimizer = build_optimizer(t, policy.model)
+    scheduler = build_scheduler(t, optimizer, plan.max_steps)
+    # The scheduler stays unprepared: accelerate would step it once per process, TRL steps it once per step.
+    policy.model, optimizer = accelerator.prepare(policy.model, optimizer)
+    policy.reference = prepare_reference(policy.reference, accelerator)
+    return Optimization(
+        policy.model, optimizer, scheduler, accelerator, policy_loss, t.max_grad_norm, budget=policy.budget
     )
-    trainer_state = reward_trainer_state(
-        max_steps,
-        max_steps * prompts_per_step / len(prompts),
+
+
+def build_resources(
+    cfg: DictConfig,
+    registry: Registry,
+    plugins: Plugins,
+    plan: BatchPlan,
+    accelerator: Accelerator,
+    trackers: list[str],
+    num_prompts: int,
+) -> Resources:
+    """The loggers, hooks, reward workers and signal handling of the run, to be closed however it ends."""
+    t = cfg.trainer
+    trainer_state = reward_trainer_state(  # the trainer_state rewards receive, as TRL hands its own
+        plan.max_steps,
+        plan.max_steps * plan.prompts_per_step / num_prompts,
         logging_steps=t.logging_steps,
         save_steps=t.save_steps,
         train_batch_size=t.per_device_train_batch_size,
@@ -180,99 +302,69 @@ def setup(cfg: DictConfig, run_dir: Path, registry: Registry) -> tuple[Session, 
         is_world_process_zero=accelerator.is_main_process,
     )
     console = ConsoleLogger()
-    resources = Resources(
+    return Resources(
         registry.plugin_manager,
-        [JsonlLogger(), console, *([TrackerLogger()] if trackers else []), *hook_plugins],
+        [JsonlLogger(), console, *([TrackerLogger()] if trackers else []), *plugins.hooks],
         console,
-        Scorer(rewards, timeout=t.reward_timeout, workers=t.reward_workers, trainer_state=trainer_state),
+        Scorer(plugins.rewards, timeout=t.reward_timeout, workers=t.reward_workers, trainer_state=trainer_state),
         StopRequest(),
     )
-    try:
-        generation.start(model, tokenizer, accelerator)
-        resources.generation = generation  # from here on it is closed however the run ends
-        for plugin in resources.plugins:
-            resources.plugin_manager.register(plugin)
-        # The sampler's log-probs are asked for where a rollout correction is selected and applies to this sampler.
-        corrected = corrects_rollouts(cfg, registry) and objective.correction.level is not None
-        rollout = Rollout(
-            sampler,
-            generation,
-            resources.scorer,
-            reward_weights,
-            advantage,
-            tokenizer,
-            num_generations,
-            algo.mask_truncated_completions,
-            resources.hooks,
-            accelerator,
-            eos_token_ids=eos,
-            with_logprobs=corrected,
-            replay=replay,
-            recorder=RolloutRecorder(run_dir) if cfg.rollouts.save else None,
-            tool_use=build_tool_use(cfg, registry, tokenizer, generation, accelerator, eos),
-            custom=build_custom_rollout(cfg, registry),
-            images=images,
-        )
-        batches = GenerationBatches(
+
+
+def build_rollout(
+    cfg: DictConfig,
+    registry: Registry,
+    plugins: Plugins,
+    policy: Policy,
+    resources: Resources,
+    accelerator: Accelerator,
+    prompts: datasets.Dataset,
+    replay: RolloutReplay | None,
+    run_dir: Path,
+) -> Rollout:
+    """generate -> score -> advantages, over this process's share of the prompts (or replayed rollouts)."""
+    num_generations = cfg.generation.num_generations
+    sampler = PromptSampler(prompts, cfg.seed, cfg.data.shuffle, accelerator.process_index, accelerator.num_processes)
+    # The sampler's log-probs are asked for where a rollout correction is selected and applies to this sampler.
+    corrected = corrects_rollouts(cfg, registry) and plugins.objective.correction.level is not None
+    return Rollout(
+        sampler,
+        plugins.generation,
+        resources.scorer,
+        plugins.reward_weights,
+        plugins.advantage,
+        policy.tokenizer,
+        num_generations,
+        cfg.algorithm.mask_truncated_completions,
+        resources.hooks,
+        accelerator,
+        eos_token_ids=policy.eos,
+        with_logprobs=corrected,
+        replay=replay,
+        recorder=RolloutRecorder(run_dir) if cfg.rollouts.save else None,
+        tool_use=build_tool_use(cfg, registry, policy.tokenizer, plugins.generation, accelerator, policy.eos),
+        custom=build_custom_rollout(cfg, registry),
+        images=policy.images,
+    )
+
+
+def start_side_workers(session: Session, state: TrainState, rollout: Rollout, eval_sets: dict) -> None:
+    """What runs beside the steps: generation ahead (algorithm.max_staleness), evaluation, the sample log."""
+    cfg, resources, accelerator = session.cfg, session.resources, session.accelerator
+    if cfg.algorithm.max_staleness:  # from here on generation goes through the worker, which closes the backend
+        resources.generation = generate_ahead(cfg, rollout, state, session.plan)
+    if eval_sets:
+        resources.evaluator = Evaluator(
+            eval_sets,
             rollout,
-            policy_loss,
-            reference,
+            cfg.eval,
+            cfg.seed,
+            session.plan.max_steps,
             accelerator,
-            steps_per_generation,
-            t.gradient_accumulation_steps,
-            algo.num_iterations,
-            cfg.generation.max_completion_length,
-            by_length,
-            corrected,
-            budget,
+            stopping=lambda: resources.stop.reason is not None,
         )
-        session = Session(
-            cfg,
-            run_dir,
-            accelerator,
-            Run(cfg, run_dir, accelerator, model, tokenizer, max_steps, processor=images.processor if images else None),
-            batches,
-            optimization,
-            resources,
-            prompts_per_generation,
-            trainer_state,
-        )
-        state = TrainState(
-            model=accelerator.unwrap_model(model),
-            optimizer=optimizer,
-            scheduler=scheduler,
-            sampler=sampler,
-            entropy_control=objective.entropy_control,
-            config=redacted(cfg),  # what the checkpoints' config.json holds
-            moving_reference=reference if algo.sync_ref_model else None,
-            replay=replay,
-            recorder=rollout.recorder,
-        )
-        if checkpoint is not None:
-            resume(session, state, checkpoint)
-            at_step(trainer_state, state.step)
-        if algo.max_staleness:  # from here on generation goes through the worker, which closes the backend
-            resources.generation = generate_ahead(
-                cfg, rollout, state, prompts_per_generation, batches.micro_steps_per_batch
-            )
-        if eval_sets:
-            resources.evaluator = Evaluator(
-                eval_sets,
-                rollout,
-                cfg.eval,
-                cfg.seed,
-                max_steps,
-                accelerator,
-                stopping=lambda: resources.stop.reason is not None,
-            )
-        if t.sample_every > 0 and accelerator.is_main_process:
-            resources.samples = SampleLog(run_dir, every=t.sample_every, max_rows=t.sample_rows)
-        if accelerator.is_main_process:  # the run lock: what trains from the step the run starts or resumes at
-            record_session(run_dir, registry, cfg, state.step)
-    except BaseException:
-        resources.close()
-        raise
-    return session, state
+    if cfg.trainer.sample_every > 0 and accelerator.is_main_process:
+        resources.samples = SampleLog(session.run_dir, every=cfg.trainer.sample_every, max_rows=cfg.trainer.sample_rows)
 
 
 def build_accelerator(t: DictConfig, run_dir: Path, trackers: list[str]) -> Accelerator:
@@ -305,38 +397,10 @@ def build_accelerator(t: DictConfig, run_dir: Path, trackers: list[str]) -> Acce
     return accelerator
 
 
-def check_processes(cfg: DictConfig, generation_batch_size: int, num_processes: int) -> None:
-    """Each process generates, scores and trains on whole groups of its own prompts."""
-    num_generations = cfg.generation.num_generations
-    if generation_batch_size % num_generations:
-        raise ConfigError(
-            f"Each process's generation batch holds per_device_train_batch_size x steps_per_generation = "
-            f"{generation_batch_size} completions, which is not a multiple of generation.num_generations="
-            f"{num_generations}: change one of them (every process generates whole groups of its own prompts)."
-        )
+def check_recording(cfg: DictConfig, num_processes: int) -> None:
+    """rollouts.save and rollouts.replay hold one process's generation batches."""
     if num_processes > 1 and (cfg.rollouts.save or cfg.rollouts.replay):
         raise ConfigError(
             "rollouts.save and rollouts.replay record and replay one process's generation batches: run them with "
             f"one process (this run has {num_processes})."
         )
-
-
-def steps_in_epochs(cfg: DictConfig, num_prompts: int, prompts_per_generation: int) -> int:
-    """TRL's `max_steps=-1`: the optimizer steps that `num_train_epochs` passes over the prompts take.
-
-    A generation batch draws `prompts_per_generation` prompts and is trained on for steps_per_generation x
-    num_iterations micro-batches; an epoch is the whole generation batches the dataset fills.
-    """
-    t, algo = cfg.trainer, cfg.algorithm
-    steps_per_generation = algo.steps_per_generation or t.gradient_accumulation_steps
-    micro_batches = num_prompts // prompts_per_generation * steps_per_generation * algo.num_iterations
-    steps_per_epoch = max(micro_batches // t.gradient_accumulation_steps, 1)
-    steps = math.ceil(t.num_train_epochs * steps_per_epoch)
-    log.info(
-        "trainer.max_steps=-1: %g epochs of %d prompts (%d optimizer steps each) make %d steps",
-        t.num_train_epochs,
-        num_prompts,
-        steps_per_epoch,
-        steps,
-    )
-    return steps
