@@ -17,6 +17,7 @@ from grpo_kit.contract.eos import is_truncated
 from grpo_kit.contract.errors import PluginError
 from grpo_kit.contract.kinds import Completions, CustomRollout, Generation, RolloutResult
 from grpo_kit.contract.pipeline import Run, ScoredBatch
+from grpo_kit.plugins.chaining import chain
 from grpo_kit.rollout.ahead import Generated, GenerationAhead
 from grpo_kit.rollout.images import ImagePrompts
 from grpo_kit.rollout.prompts import PromptSampler, is_conversational, prompt_text
@@ -237,22 +238,6 @@ def completions_of(result: RolloutResult, tokenizer, eos_token_ids: list[int], w
     )
 
 
-def chain(hook, key: str, check, **arguments):
-    """Hand `arguments[key]` through every implementation of `hook`, each given what the one before returned
-    (None: unchanged), so that two filters both apply; pluggy's own firstresult call would stop at the first.
-
-    The order is the registration order (always-on modules, then `+hook=[a,b]`: a, then b), with
-    `hookimpl(tryfirst=True)` first and `trylast=True` last.
-    """
-    implementations = sorted(hook.get_hookimpls(), key=lambda impl: (not impl.tryfirst) + impl.trylast)
-    for impl in implementations:
-        result = impl.function(*(arguments[name] for name in impl.argnames))
-        if result is not None:
-            check(result, arguments[key], f"The {hook.name} hook of {_plugin_name(impl)}")
-            arguments[key] = result
-    return arguments[key]
-
-
 def _same_groups(replaced: ScoredBatch, scored: ScoredBatch, who: str) -> None:
     if replaced.num_groups != scored.num_groups:
         raise PluginError(
@@ -267,8 +252,3 @@ def _same_shape(replaced: torch.Tensor, advantages: torch.Tensor, who: str) -> N
             f"{who} returned advantages of shape {tuple(replaced.shape)} for {tuple(advantages.shape)}: "
             "return one advantage per completion."
         )
-
-
-def _plugin_name(impl) -> str:
-    """A module's name, or the class of a hook plugin selected with +hook=NAME."""
-    return getattr(impl.plugin, "__name__", type(impl.plugin).__name__)
