@@ -134,9 +134,13 @@ def test_coefficient_losses_and_logs_equal_trl_step_by_step(registry, trl, tiny_
                 msg=where,
             )
             if ends_step:
-                assert ours.entropy_control.coef == pytest.approx(theirs.entropy_coef, abs=1e-12), where
-                assert ours.entropy_control.last_entropy == pytest.approx(theirs._last_world_entropy, rel=1e-6), where
-                coefficients.append(ours.entropy_control.coef)
+                assert policy_loss.objective.entropy_control.coef == pytest.approx(theirs.entropy_coef, abs=1e-12), (
+                    where
+                )
+                assert policy_loss.objective.entropy_control.last_entropy == pytest.approx(
+                    theirs._last_world_entropy, rel=1e-6
+                ), where
+                coefficients.append(policy_loss.objective.entropy_control.coef)
                 logged.append(out.metrics["entropy_coef"].item())
             else:
                 assert "entropy_coef" not in out.metrics

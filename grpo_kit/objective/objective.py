@@ -42,6 +42,7 @@ class EntropyControl:
     algorithm: AlgorithmConfig
     coef: float = field(init=False)
     last_entropy: float = math.inf  # the last step's; inf before the first, so that no bonus applies yet
+    step_totals: torch.Tensor | None = None  # (2,) the entropy sum and count of the step's micro-batches so far
 
     def __post_init__(self):
         self.coef = self.algorithm.entropy_coef
@@ -57,6 +58,20 @@ class EntropyControl:
         if algo.use_adaptive_entropy and not self.last_entropy <= algo.entropy_target:
             return 0.0
         return self.coef
+
+    def add(self, out: "ObjectiveOutput") -> None:
+        """A micro-batch's entropies, toward the step's mean."""
+        if out.entropy_totals is not None:
+            self.step_totals = out.entropy_totals + (0 if self.step_totals is None else self.step_totals)
+
+    def end_step(self, accelerator) -> dict[str, torch.Tensor]:
+        """At the optimizer step (skipped steps too, as TRL's): the update from the mean entropy of the step's
+        trained tokens on every process; the coefficient to log, as TRL logs it, while the bonus is on."""
+        if self.step_totals is not None and self.algorithm.use_adaptive_entropy:
+            entropy_sum, count = accelerator.reduce(self.step_totals, reduction="sum").tolist()
+            self.update(entropy_sum / max(count, 1.0))
+        self.step_totals = None
+        return {"entropy_coef": torch.tensor(self.coef, device=accelerator.device)} if self.enabled else {}
 
     def update(self, step_entropy: float) -> None:
         """At the optimizer step: the coefficient up by entropy_coef_delta while the entropy is at or below the

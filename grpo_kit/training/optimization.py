@@ -25,7 +25,6 @@ class Optimization:
     accelerator: Accelerator
     policy_loss: PolicyLoss
     max_grad_norm: float
-    entropy_totals: torch.Tensor | None = None  # (2,) the entropy sum and count of the step so far
     learning_rate: float = math.nan  # the rate the last optimizer step used, which is logged (as TRL logs it)
     budget: TokenBudget = TokenBudget(None, False)  # a micro-step's micro-batches (trainer.max_tokens_per_micro_batch)
 
@@ -51,8 +50,8 @@ class Optimization:
                     accelerator.backward(out.loss)
             outputs.append(out)
         out = outputs[0] if len(outputs) == 1 else together(outputs, micro_batch["completion_ids"].shape[1])
-        if out.entropy_totals is not None:
-            self.entropy_totals = out.entropy_totals + (0 if self.entropy_totals is None else self.entropy_totals)
+        entropy_control = self.policy_loss.objective.entropy_control
+        entropy_control.add(out)
         if ends_step:
             self.learning_rate = self.scheduler.get_last_lr()[0]  # before the scheduler moves on to the next step's
             if finite:
@@ -60,23 +59,8 @@ class Optimization:
                 self.optimizer.step()
                 self.scheduler.step()
             self.optimizer.zero_grad()
-            self._end_entropy_window(out)
+            out.metrics |= entropy_control.end_step(accelerator)
         return out, finite, grad_norm
-
-    @property
-    def entropy_control(self):
-        return self.policy_loss.objective.entropy_control
-
-    def _end_entropy_window(self, out: ObjectiveOutput) -> None:
-        """Adaptive entropy control's update, once per optimizer step as TRL's (skipped steps too), from the mean
-        entropy of the step's trained tokens on every process; the coefficient is logged as TRL logs it."""
-        control = self.entropy_control
-        if self.entropy_totals is not None and self.policy_loss.objective.algorithm.use_adaptive_entropy:
-            entropy_sum, count = self.accelerator.reduce(self.entropy_totals, reduction="sum").tolist()
-            control.update(entropy_sum / max(count, 1.0))
-        self.entropy_totals = None
-        if control.enabled:
-            out.metrics["entropy_coef"] = torch.tensor(control.coef, device=self.accelerator.device)
 
 
 def together(outputs: list[ObjectiveOutput], width: int) -> ObjectiveOutput:
