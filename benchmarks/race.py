@@ -7,6 +7,8 @@ and the floor.
     python benchmarks/race.py --quick                          # a smoke run: every workload, a few steps
     python benchmarks/race.py --profile --workloads W1,W2      # where a step's time goes, phase by phase
     python benchmarks/race.py --profile --sides grpo_kit,bare  # the same, for some of the sides only
+    python benchmarks/race.py --quick --workloads W4 --sides grpo_kit,bare  # a race of some sides (no ratio to TRL)
+    python benchmarks/race.py --threads default                # each side with its own default torch threads
     python benchmarks/race.py --resume /tmp/grpo_kit-race-XXXX  # go on with a race that was killed
 
 What is measured. Each workload trains, from the same saved model, with the same settings, in three kinds of fresh
@@ -14,11 +16,17 @@ process, interleaved round by round (grpo_kit, TRL, bare, grpo_kit, TRL, bare, .
 
 - grpo_kit: `python -m grpo_kit ...` with command-line overrides;
 - TRL: `GRPOTrainer` of TRL 1.16 with the matching `GRPOConfig`, in a child of this script (`--child TRL`);
-- bare: the compute that any implementation has to do, and nothing else (`--child bare`): `model.generate` of
-  the same batch, the no-gradient old and reference log-probs where the workload needs them, and the forward,
-  backward, gradient clipping and AdamW step of every micro-batch, in a plain loop of torch and transformers calls.
-  It scores with the same reward and group-normalised advantages (a few milliseconds), so that its policy learns
-  as the others' do and its completions keep comparable lengths; it logs nothing and computes no metrics.
+- bare: the floor, the compute that any implementation has to do, with the fastest kernels grpo_kit has for it,
+  and nothing else (`--child bare`): sampling the same batch, the no-gradient reference log-probs where the
+  workload needs them, and the forward, backward, gradient clipping and AdamW step of every micro-batch, in a plain
+  loop with no trainer, no hooks, no metrics and no logging. It scores with the same reward and group-normalised
+  advantages (a few milliseconds), so that its policy learns as the others' do and its completions keep comparable
+  lengths. It borrows grpo_kit's kernels, the same kernels without the framework (`bare_child` says which): it
+  samples with grpo_kit's lean loop on a CPU and its static loop on a GPU, each the loop measured fastest there
+  (generation.loop=auto's choice), computes log-probs with grpo_kit's log-prob function (its forward passes'
+  speed-ups, and W4's tiled LM head), and takes the shortcuts that leave a step's gradient unchanged (micro-batches
+  by length, each cut to its own width; old log-probs from the first training pass), so that "grpo_kit within 1.2x
+  of bare" measures what grpo_kit's framework costs over its own kernels.
 
 A step's time is the wall time between the ends of two consecutive optimizer steps (grpo_kit's `on_step_end` hook,
 a TRL `TrainerCallback.on_step_end`, a clock in the bare loop), so it counts everything a step costs: generation,
@@ -27,8 +35,12 @@ steps (num_iterations 2 in W2), the unit is a whole generation cycle (the steps 
 divided by its steps: a median over single steps would pick either a step with generation or one without. The
 table shows the median over the measured steps' cycles (steps 6-30 by default; W3 3-8) of every round.
 "peak MiB" is the peak resident memory of the run's process (its `ru_maxrss` from wait4), model loading included.
-Every run gets one torch thread by default (`--threads`), so that other work on the machine slows it in proportion
-rather than stalling OpenMP's threads at every barrier.
+Every run gets one torch thread by default (`--threads 1`, OMP_NUM_THREADS=1), so that other work on the machine
+slows it in proportion rather than stalling OpenMP's threads at every barrier. `--threads default` sets no
+OMP_NUM_THREADS and runs each side with its own default instead: grpo_kit's trainer.torch_threads=null choice
+(grpo_kit/model/threads.py: one thread for a hidden size up to 512, and its OMP_WAIT_POLICY=PASSIVE), torch's own
+default (a thread per core) for TRL and bare. The header says which setting the race ran with, and the table the
+threads each side's process computed with.
 
 The workloads share a Qwen2 of hidden 128 x 4 layers (intermediate 256, 4 heads, 2 KV heads; about 0.6M
 parameters with the 17-token character vocabulary of `grpo_kit.embedded.sums`), built untrained from a fixed seed;
@@ -61,14 +73,15 @@ with an error where one fails: 64 completions per generation batch on both sides
 (so W2 trains on each for 2 steps on both), the same completion cap and no completion above it, every W3
 completion exactly 512 tokens long, KL logged at every W2 step on both sides; the same learning rate, loss
 (dapo), completions per prompt and number of optimizer steps, a finite loss at every step, float32 weights; the
-same logits processors on every side (recorded from transformers' own `_get_logits_processor`, which the lean loop
-calls too) and none that filters (temperature, top-k, top-p, min-p); and mean completion lengths within 25% (or 4
-standard errors) of grpo_kit's on TRL's and bare's sides.
+same logits processors on every side (recorded from transformers' own `_get_logits_processor`, with which
+grpo_kit's lean and static loops build theirs, in grpo_kit's runs and in bare's alike) and none that filters
+(temperature, top-k, top-p, min-p); and mean completion lengths within 25% (or 4 standard errors) of grpo_kit's on
+TRL's and bare's sides (of the first side's, in a race of some sides without grpo_kit).
 
 This file is also the local plugin module of the grpo_kit runs (GRPO_KIT_PLUGINS=race, with benchmarks/ on
-PYTHONPATH): grpo_kit's `python` reward imports `race:sum_accuracy`, and three always-on hooks record the step ends
-and the completion lengths. Its top level imports only the standard library and pluggy, so that neither the TRL
-process nor grpo_kit's plugin loading pays for torch or grpo_kit here.
+PYTHONPATH): grpo_kit's `python` reward imports `race:sum_accuracy`, and always-on hooks record the step ends, the
+completion lengths, the sampling processors and the torch threads. Its top level imports only the standard library
+and pluggy, so that neither the TRL process nor grpo_kit's plugin loading pays for torch or grpo_kit here.
 """
 
 import argparse
@@ -190,6 +203,14 @@ def cuda_peak_mib() -> float | None:
     return PHASES.overall_peak_mib()
 
 
+def torch_threads() -> int:
+    """The torch threads this process computes with (grpo_kit's trainer.torch_threads or OMP_NUM_THREADS, or torch's
+    default)."""
+    import torch
+
+    return torch.get_num_threads()
+
+
 def describe_processors(processors) -> list:
     """The logits processors generate built, as [name, {setting: value}] (scalars and short token lists)."""
     described = []
@@ -205,8 +226,8 @@ def describe_processors(processors) -> list:
 
 
 def record_sampling(into: list) -> None:
-    """Append the description of every distinct set of logits processors that generation builds from now on (the
-    lean loop builds them with generate's own method, so this sees every side's sampling)."""
+    """Append the description of every distinct set of logits processors that generation builds from now on
+    (grpo_kit's lean and static loops build them with generate's own method, so this sees every side's sampling)."""
     from transformers.generation.utils import GenerationMixin
 
     original = GenerationMixin._get_logits_processor
@@ -246,6 +267,7 @@ def on_step_end(step):
 @hookimpl
 def on_train_end():
     if os.environ.get(PROBE_ENV):
+        _probe["threads"] = torch_threads()
         _probe["phases"] = PHASES.intervals
         _probe["cuda_peak_mib"] = cuda_peak_mib()
         Path(os.environ[PROBE_ENV]).write_text(json.dumps(_probe))
@@ -444,6 +466,7 @@ def trl_child(
         "sampling": sampling,
         "cuda_peak_mib": cuda_peak_mib(),
         "phases": PHASES.intervals,
+        "threads": torch_threads(),
     }
     out.write_text(json.dumps(record))
 
@@ -451,12 +474,39 @@ def trl_child(
 def bare_child(
     workload: Workload, max_steps: int, workdir: Path, out: Path, profile: bool, seed: int, device: str
 ) -> None:
-    """The compute itself: generate, score, old/reference log-probs, forward/backward/clip/AdamW, in a plain loop.
-    W4's adds what both trainers' defaults do there: gradient checkpointing, fused AdamW, and log-probs from the last
-    hidden states a chunk of positions at a time, each chunk's logits recomputed in the backward pass."""
+    """The floor: sample, score, old/reference log-probs, forward/backward/clip/AdamW, in a plain loop with
+    grpo_kit's fastest kernels for each and nothing around them (no trainer, hooks, metrics or logging).
+
+    The kernels are grpo_kit's own, called directly: the same kernels without the framework, so that grpo_kit's
+    distance to this loop is what its framework costs, not what a slower kernel would.
+    - Sampling: on a CPU grpo_kit's lean loop (grpo_kit_transformers/sampling.py: one preallocated KV cache, finished
+      rows leave the batch), on a GPU its static loop (static.py: fixed shapes, no host sync inside a decode step,
+      a CUDA graph replayed), which is generation.loop=auto's choice on each. At W4a's shape on one CPU thread the
+      lean loop took 5.4 ms per generated token, `generate` 16.5 and the static loop, run eagerly, 19.5. Both loops
+      build `generate`'s own logits processors (so the race's processor check sees them) and draw from its
+      distribution. Under bf16 autocast (a GPU), the linear layers' weights are cast once per generation batch
+      (cast_once.py), not at every token.
+    - Log-probs: grpo_kit's `per_token_logps_and_entropies` (grpo_kit/model/logprobs.py), which takes its forward
+      passes' speed-ups on a model it did not load (mask-free passes, length groups, the CPU's chunked causal
+      attention, widths at a multiple on a GPU; docs/training.md, "Speed-ups"). W1-W3: the full logits of the
+      completion positions. W4 (a real vocabulary, where both trainers' defaults save memory): the tiled LM head
+      (grpo_kit/model/fast/tiled_logits.py), never more than 1,024 positions x 32,768 vocabulary columns of logits
+      in the forward or the backward pass (measured on one CPU thread at W4's shape: a training pass as fast as
+      the checkpointed 1,024-position chunks this loop had before, and faster than grpo_kit's chunked head), with
+      gradient checkpointing and fused AdamW as both trainers' defaults.
+    - The loop's own shortcuts, none of which changes a step's gradient (the dapo loss divides by the generation
+      batch's tokens, whichever micro-batch they are in): micro-batches of rows sorted by length, each cut to its
+      own longest prompt and completion; the old log-probs of a micro-batch trained on before the policy's next
+      step (W2, W4b's first iteration) are its own training pass's, detached, and only the reference's (beta > 0)
+      take a pass without gradient."""
     import torch
-    from torch.utils.checkpoint import checkpoint
     from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+
+    from grpo_kit.model.fast.tiled_logits import why_not_tiled
+    from grpo_kit.model.logprobs import OutputHead, per_token_logps_and_entropies
+    from grpo_kit_transformers.cast_once import weights_cast_once
+    from grpo_kit_transformers.sampling import sample, why_not_lean
+    from grpo_kit_transformers.static import StaticDecoder, why_not_static
 
     PHASES.synchronize = profile
     torch.manual_seed(seed)
@@ -465,9 +515,12 @@ def bare_child(
     tokenizer = AutoTokenizer.from_pretrained(model_path(workload, workdir))
     model = AutoModelForCausalLM.from_pretrained(model_path(workload, workdir), dtype=torch.float32).to(device)
     # the trainers' mixed precision: bf16 autocast on a GPU, none on a CPU
-    autocast = torch.autocast("cuda", dtype=torch.bfloat16) if device == "cuda" else contextlib.nullcontext()
+    mixed = torch.bfloat16 if device == "cuda" else None
+    autocast = torch.autocast(device, dtype=mixed) if mixed else contextlib.nullcontext()
     reference = copy.deepcopy(model).eval().requires_grad_(False) if workload.beta else None
-    if workload.real_shape:
+    if workload.real_shape and hasattr(model, "activation_checkpointing_enable"):  # transformers 5's name
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    elif workload.real_shape:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     optimizer = torch.optim.AdamW(model.parameters(), lr=workload.learning_rate, fused=workload.real_shape)
     rows = [json.loads(line) for line in prompts_path(workload, workdir).read_text().splitlines()]
@@ -483,37 +536,40 @@ def bare_child(
         disable_compile=True,
         **(workload.generation_kwargs or {}),
     )
+    static = StaticDecoder() if device == "cuda" else None
+    loop = "static" if static is not None else "lean"
+    reason = (why_not_static if static is not None else why_not_lean)(model, generation_config)
+    if reason is not None:  # never fall back to a slower sampler silently: the floor would move
+        raise SystemExit(f"bare: the {loop} loop cannot sample {workload.name}: {reason}")
+    # W4: the tiled head, 1,024 positions x 32,768 vocabulary columns at a time (grpo_kit's model.logits=tiled)
+    chunk_size, vocab_tile = (1024, 32768) if workload.real_shape else (None, None)
+    reason = why_not_tiled(OutputHead(model)) if workload.real_shape else None
+    if reason is not None:
+        raise SystemExit(f"bare: the tiled LM head cannot score {workload.name}: {reason}")
     prompts_per_generation = workload.completions_per_step // NUM_GENERATIONS
     micro_batches_per_generation = workload.gradient_accumulation_steps * workload.num_iterations
     off_policy = workload.num_iterations > 1  # the policy moves before the batch's later micro-batches
 
-    def chunk_log_probs(head, hidden, targets):  # (n,): one chunk of positions through the LM head
-        return head(hidden).log_softmax(-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    def sample_completions(prompts):  # (N, T), the pad token after each row's first EOS
+        with weights_cast_once(model, device, mixed):
+            if static is not None:
+                ids, _ = static.sample(model, prompts.input_ids, prompts.attention_mask, generation_config)
+            else:
+                ids, _ = sample(model, prompts.input_ids, prompts.attention_mask, generation_config)
+        return ids
 
-    def chunked_log_probs(policy, batch, chunk=1024):  # (B, T), never more than `chunk` positions' logits at once
-        length = batch["completion_mask"].shape[1]
-        hidden = policy.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).last_hidden_state
-        hidden = hidden[:, -length - 1 : -1].reshape(-1, hidden.shape[-1])  # (B * T, H)
-        targets = batch["input_ids"][:, -length:].reshape(-1)
-        head = policy.get_output_embeddings()
-        pieces = [
-            checkpoint(chunk_log_probs, head, hidden[start : start + chunk], targets[start : start + chunk])
-            if torch.is_grad_enabled()
-            else chunk_log_probs(head, hidden[start : start + chunk], targets[start : start + chunk])
-            for start in range(0, len(targets), chunk)
-        ]
-        return torch.cat(pieces).view(-1, length)
+    def log_probs(policy, batch):  # (B, T): the completion tokens' log-probs at temperature 1
+        return per_token_logps_and_entropies(policy, batch, 1.0, chunk_size=chunk_size, vocab_tile=vocab_tile)[0]
 
-    def log_probs(policy, batch):  # (B, T), as grpo_kit and TRL compute them: the completion's tokens only
-        if workload.real_shape:
-            return chunked_log_probs(policy, batch)
-        length = batch["completion_mask"].shape[1]
-        logits = (
-            policy(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], logits_to_keep=length + 1)
-            .logits[:, :-1]
-            .float()
-        )
-        return logits.log_softmax(-1).gather(-1, batch["input_ids"][:, -length:].unsqueeze(-1)).squeeze(-1)
+    def cut(batch, rows):  # the micro-batch of these rows, cut to its own longest prompt and completion
+        part = {name: tensor[rows] for name, tensor in batch.items()}
+        prompt_width = int(part["prompt_mask"].sum(1).max())  # prompts are padded on the left, completions right
+        completion_width = int(part["completion_mask"].sum(1).max())
+        for name in ("prompt_ids", "prompt_mask"):
+            part[name] = part[name][:, part[name].shape[1] - prompt_width :]
+        for name in ("completion_ids", "completion_mask"):
+            part[name] = part[name][:, :completion_width]
+        return part
 
     step_ends, generations, micro_step, micro_batches, cursor = {}, [], 0, [], 0
     step_ends[0] = time.perf_counter()
@@ -527,20 +583,18 @@ def bare_child(
                     texts, add_special_tokens=False, padding=True, padding_side="left", return_tensors="pt"
                 ).to(device)
                 model.eval()
-                with PHASES.time("generate"), torch.no_grad(), autocast:
-                    sequences = model.generate(**prompts, generation_config=generation_config)
-                    completions = sequences[:, prompts.input_ids.shape[1] :]
+                with PHASES.time("generate"):
+                    completions = sample_completions(prompts)
                     is_eos = completions == tokenizer.eos_token_id
                     first_eos = torch.where(is_eos.any(1), is_eos.int().argmax(1), completions.shape[1])
                     positions = torch.arange(completions.shape[1], device=device)
                     completion_mask = (positions <= first_eos[:, None]).long()
+                    completions = completions.masked_fill(completion_mask == 0, tokenizer.pad_token_id)
                 generations.append(completion_mask.sum(1).tolist())
                 # The same reward and group-normalised advantages as the others (TRL's scale_rewards="group"), so
                 # that this policy learns as theirs do and its completions keep comparable lengths.
                 with PHASES.time("score"):
-                    answers = tokenizer.batch_decode(
-                        completions.masked_fill(completion_mask == 0, tokenizer.pad_token_id), skip_special_tokens=True
-                    )
+                    answers = tokenizer.batch_decode(completions, skip_special_tokens=True)
                     columns = {
                         name: [row[name] for row in chosen for _ in range(NUM_GENERATIONS)] for name in chosen[0]
                     }
@@ -548,22 +602,20 @@ def bare_child(
                     groups = rewards.view(-1, NUM_GENERATIONS)
                     advantages = (groups - groups.mean(1, keepdim=True)) / (groups.std(1, keepdim=True) + 1e-4)
                 batch = {
-                    "input_ids": sequences,
-                    "attention_mask": torch.cat([prompts.attention_mask, completion_mask], dim=1),
+                    "prompt_ids": prompts.input_ids,
+                    "prompt_mask": prompts.attention_mask,
+                    "completion_ids": completions,
                     "completion_mask": completion_mask,
                     "advantages": advantages.view(-1),
                 }
                 active_tokens = completion_mask.sum()
-                with PHASES.time("old/ref log-probs"), torch.no_grad(), autocast:
-                    if off_policy:
-                        batch["old"] = log_probs(model, batch)
-                    if reference is not None:
-                        batch["ref"] = log_probs(reference, batch)
-                order = torch.randperm(len(texts), device=device)
-                micro_batches = [
-                    {name: tensor[indices] for name, tensor in batch.items()}
-                    for indices in order.chunk(workload.gradient_accumulation_steps)
-                ]
+                # rows by length, so that a micro-batch pads little (a step is a whole generation batch here)
+                order = (prompts.attention_mask.sum(1) + completion_mask.sum(1)).argsort()
+                micro_batches = [cut(batch, rows) for rows in order.chunk(workload.gradient_accumulation_steps)]
+                if reference is not None:
+                    with PHASES.time("old/ref log-probs"), torch.no_grad(), autocast:
+                        for micro_batch in micro_batches:
+                            micro_batch["ref"] = log_probs(reference, micro_batch)
                 model.train()
             micro_batch = micro_batches[micro_step % workload.gradient_accumulation_steps]
             micro_step += 1
@@ -576,6 +628,8 @@ def bare_child(
                     difference = micro_batch["ref"] - logps
                     per_token = per_token + workload.beta * (torch.exp(difference) - difference - 1) * ratio
                 loss = (per_token * micro_batch["completion_mask"]).sum() / active_tokens
+                if off_policy and "old" not in micro_batch:  # the policy has not moved since it sampled them
+                    micro_batch["old"] = logps.detach()
             with PHASES.time("backward"):
                 loss.backward()
         with PHASES.time("clip grad norm"):
@@ -585,7 +639,7 @@ def bare_child(
             optimizer.zero_grad()
         step_ends[step] = time.perf_counter()
     record = {"step_ends": step_ends, "generations": generations, "sampling": sampling, "phases": PHASES.intervals}
-    record["cuda_peak_mib"] = cuda_peak_mib()
+    record |= {"cuda_peak_mib": cuda_peak_mib(), "threads": torch_threads(), "loop": loop}
     out.write_text(json.dumps(record))
 
 
@@ -781,15 +835,20 @@ def run_side(
     workdir: Path,
     label: str,
     profile: bool,
-    threads: int,
+    threads: int | None,
     seed: int,
     device: str = "cpu",
 ) -> dict:
-    """One run of `side` on `workload` in a fresh process: its record (step ends, generations, metrics, settings)."""
+    """One run of `side` on `workload` in a fresh process: its record (step ends, generations, metrics, settings).
+    `threads`: the torch threads of every side (OpenMP's, which torch's CPU kernels use), or None for each side's
+    own default (no OMP_NUM_THREADS, not even this process's)."""
     out = workdir / f"{label}.json"
     log_path = workdir / "logs" / f"{label}.log"
-    # Every side gets the same number of torch threads (OpenMP's, which torch's CPU kernels use).
-    env = dict(os.environ, OMP_NUM_THREADS=str(threads))
+    env = dict(os.environ)
+    if threads is None:
+        env.pop("OMP_NUM_THREADS", None)
+    else:
+        env["OMP_NUM_THREADS"] = str(threads)
     if device == "cpu":
         env["CUDA_VISIBLE_DEVICES"] = ""  # grpo_kit, like accelerate, takes a GPU wherever it sees one
     if side == "grpo_kit":
@@ -963,13 +1022,13 @@ def check_lengths(workload: Workload, records: dict[str, list[dict]]) -> list[st
         lengths = [length for record in runs for batch in record["generations"] for length in batch]
         summaries[side] = (statistics.mean(lengths), statistics.variance(lengths) / len(lengths))
     failures = []
-    (_, (ours, our_variance)), *others = summaries.items()
+    (first_side, (ours, our_variance)), *others = summaries.items()  # grpo_kit's, where it ran
     for side, (theirs, their_variance) in others:
         tolerance = max(0.25 * max(ours, theirs), 4 * math.sqrt(our_variance + their_variance))
         if abs(ours - theirs) > tolerance:
             failures.append(
-                f"{workload.name}: mean completion length {ours:.1f} tokens (grpo_kit) against {theirs:.1f} ({side}), "
-                f"more than {tolerance:.1f} apart"
+                f"{workload.name}: mean completion length {ours:.1f} tokens ({first_side}) against {theirs:.1f} "
+                f"({side}), more than {tolerance:.1f} apart"
             )
     return failures
 
@@ -1009,6 +1068,8 @@ def summarise(workload: Workload, records: dict[str, list[dict]], first: int, la
             ],
             "to_first_step": statistics.mean(record["to_first_step"] for record in runs),
             "after_last_step": statistics.mean(record["after_last_step"] for record in runs),
+            # the torch threads each run computed with (absent from records written before they were recorded)
+            "threads": sorted({record["threads"] for record in runs if "threads" in record}),
         }
     return row
 
@@ -1082,6 +1143,46 @@ def print_table(rows: dict[str, dict], ranges: dict[str, tuple[int, int]]) -> No
         )
 
 
+def print_sides_table(rows: dict[str, dict], ranges: dict[str, tuple[int, int]]) -> None:
+    """The figures of a race of some sides (--sides): each side's own, and grpo_kit's ratio to the others'."""
+    header = (
+        f"{'workload':10} {'side':9} {'steps':>6} {'s/step':>8} {'tokens':>7} {'ms/token':>9} {'peak MiB':>9} "
+        f"{'mean length':>12}"
+    )
+    print(header)
+    print("-" * len(header))
+    for name, row in rows.items():
+        first, last = whole_cycles(*ranges[name], WORKLOADS[name].num_iterations)
+        for side, figures in row.items():
+            print(
+                f"{name:10} {side:9} {f'{first}-{last}':>6} {figures['seconds']:8.3f} {figures['tokens']:7} "
+                f"{1000 * figures['seconds_per_token']:9.3f} {figures['peak_mib']:9.0f} {figures['mean_length']:12.1f}"
+            )
+    for name, row in rows.items():
+        if "grpo_kit" not in row or len(row) < 2:
+            continue
+        ours = row["grpo_kit"]
+        ratios = [
+            f"{ours['seconds_per_token'] / theirs['seconds_per_token']:.2f}x {side}'s time per token, "
+            f"{ours['peak_mib'] / theirs['peak_mib']:.2f}x its peak"
+            for side, theirs in row.items()
+            if side != "grpo_kit"
+        ]
+        goal = f" (goal <= {BARE_GOAL}x bare's time)" if WORKLOADS[name].real_shape and "bare" in row else ""
+        print(f"  {name}: grpo_kit {'; '.join(ratios)}{goal}")
+
+
+def print_threads(rows: dict[str, dict], threads: int | None) -> None:
+    """The torch threads every side's runs computed with, under the race's setting."""
+    setting = "each side's own default" if threads is None else f"OMP_NUM_THREADS={threads}"
+    print(f"\ntorch threads each side computed with ({setting}):")
+    for name, row in rows.items():
+        counts = ",  ".join(
+            f"{side} {'/'.join(str(count) for count in figures['threads']) or '?'}" for side, figures in row.items()
+        )
+        print(f"  {name}: {counts}")
+
+
 def print_profiles(profiles: dict[str, dict[str, dict]], ranges: dict[str, tuple[int, int]]) -> None:
     """Each workload's phase table: seconds per step, share of the step, and on CUDA the peak allocated MiB within
     the phase, side by side."""
@@ -1100,6 +1201,25 @@ def print_profiles(profiles: dict[str, dict[str, dict]], ranges: dict[str, tuple
                     cell += f" {peak:9,.0f}" if peak is not None else f" {'':>9}"
                 cells.append(cell)
             print(f"{row:20} " + " ".join(cells))
+
+
+def parse_threads(text: str) -> int | None:
+    """--threads: a number of torch threads for every run, or "default" (None): each side's own."""
+    if text == "default":
+        return None
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text}: write a number of threads (1 or more) or 'default'")
+    return int(text)
+
+
+def describe_threads(threads: int | None) -> str:
+    """The thread setting of a race, in words, for its header."""
+    if threads is not None:
+        return f"{threads} torch thread(s) per run on every side (OMP_NUM_THREADS={threads})"
+    return (
+        "each side's own default threads (no OMP_NUM_THREADS): grpo_kit trainer.torch_threads=null (1 thread for a "
+        "hidden size up to 512, else its share of the cores; OMP_WAIT_POLICY=PASSIVE), TRL and bare torch's default"
+    )
 
 
 def parse_range(text: str) -> tuple[int, int]:
@@ -1124,14 +1244,17 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="a smoke run: one round of a few steps")
     parser.add_argument("--profile", action="store_true", help="one run per side with per-phase timings instead")
     parser.add_argument(
-        "--sides", default=",".join(SIDES), help=f"with --profile: comma-separated, some of {', '.join(SIDES)}"
+        "--sides",
+        default=",".join(SIDES),
+        help=f"comma-separated, some of {', '.join(SIDES)} (without TRL, the table has no ratio to TRL's)",
     )
     parser.add_argument(
         "--threads",
-        type=int,
+        type=parse_threads,
         default=1,
-        help="torch threads of every run (default 1: on a shared machine, OpenMP threads that wait for a busy core "
-        "at every barrier made steps 25 times slower)",
+        help="torch threads of every run, through OMP_NUM_THREADS (default 1: on a shared machine, OpenMP threads "
+        "that wait for a busy core at every barrier made steps 25 times slower); 'default': no OMP_NUM_THREADS, "
+        "each side with its own default (grpo_kit's trainer.torch_threads=null choice, torch's for TRL and bare)",
     )
     parser.add_argument(
         "--device",
@@ -1174,11 +1297,10 @@ def main() -> None:
     unknown = [name for name in names if name not in WORKLOADS]
     if unknown:
         parser.error(f"unknown workloads {unknown}: choose from {', '.join(WORKLOADS)}")
-    sides = [side.strip() for side in args.sides.split(",")]
-    if set(sides) - set(SIDES) or not sides:
+    asked = {side.strip() for side in args.sides.split(",")}
+    if asked - set(SIDES) or not asked:
         parser.error(f"--sides {args.sides}: choose from {', '.join(SIDES)}")
-    if set(sides) != set(SIDES) and not args.profile:
-        parser.error("--sides is for --profile: the race's table compares every side")
+    sides = [side for side in SIDES if side in asked]  # grpo_kit first: the lengths check compares with it
     rounds = 1 if args.quick or args.profile else args.rounds
     ranges = {}
     for name in names:
@@ -1189,9 +1311,8 @@ def main() -> None:
     (workdir / "logs").mkdir(exist_ok=True)
     started = time.perf_counter()
     print(
-        f"race.py: {', '.join(names)}, {rounds} round(s), {args.threads} torch thread(s) per run, {os.cpu_count()} "
-        f"CPUs, load {os.getloadavg()[0]:.2f}; "
-        f"work folder {workdir}",
+        f"race.py: {', '.join(names)}, {rounds} round(s), sides {', '.join(sides)}; {describe_threads(args.threads)}; "
+        f"{os.cpu_count()} CPUs, load {os.getloadavg()[0]:.2f}; work folder {workdir}",
         flush=True,
     )
     for name in names:
@@ -1225,7 +1346,8 @@ def main() -> None:
                 per_step = median(seconds_per_step(record["step_ends"], first, last, workload.num_iterations))
                 print(
                     f"  round {round_number} {name} {side:8}: {per_step:7.3f} s/step, peak {record['peak_mib']:5.0f} "
-                    f"MiB, process {record['wall']:6.1f} s{' (finished earlier)' if resumed else ''}",
+                    f"MiB, process {record['wall']:6.1f} s, {record.get('threads', '?')} torch thread(s)"
+                    f"{' (finished earlier)' if resumed else ''}",
                     flush=True,
                 )
 
@@ -1249,11 +1371,14 @@ def main() -> None:
             for name in names
         }
         print_profiles(figures["profiles"], ranges)
-    if {"grpo_kit", "TRL"} <= set(sides):
-        figures["rows"] = {name: summarise(WORKLOADS[name], records[name], *ranges[name]) for name in names}
-    if set(sides) == set(SIDES):  # the table compares every side; a profile of all three has them too
-        print()
+    figures["rows"] = {name: summarise(WORKLOADS[name], records[name], *ranges[name]) for name in names}
+    figures["threads"] = "default" if args.threads is None else args.threads
+    print()
+    if sides == list(SIDES):
         print_table(figures["rows"], ranges)
+    else:
+        print_sides_table(figures["rows"], ranges)
+    print_threads(figures["rows"], args.threads)
     if args.json:
         args.json.write_text(json.dumps(figures, indent=1))
     minutes = (time.perf_counter() - started) / 60
