@@ -238,8 +238,8 @@ def test_rows_moved_left_need_no_attention_mask_and_give_the_masked_pass_values_
     batch = generation_batch(model.config.vocab_size, size=8, prompt_length=4, length=length)
     batch["prompt_mask"][2, :3] = 0  # padding of 0, 1 and 3 tokens before the prompts
     batch["completion_mask"][5] = 0  # a truncated completion that DAPO's masking took out
-    inputs, shift = model_inputs(model, batch)
-    assert "attention_mask" not in inputs and shift.tolist() == [0, 1, 3, 0, 1, 0, 0, 1]
+    inputs, shift, longest_shift = model_inputs(model, batch)
+    assert "attention_mask" not in inputs and shift.tolist() == [0, 1, 3, 0, 1, 0, 0, 1] and longest_shift == 3
     head = OutputHead(model)
 
     def from_hidden_states(part):
@@ -265,8 +265,8 @@ def test_the_masked_pass_stays_where_moving_rows_would_not_do(tiny_model, case):
         model.config.max_position_embeddings = 4 + 8 + 2  # the moved padding would reach position 14
     else:
         max_shift = 2
-    inputs, shift = model_inputs(model, batch, max_shift=max_shift)
-    assert "attention_mask" in inputs and not shift.any()
+    inputs, shift, longest_shift = model_inputs(model, batch, max_shift=max_shift)
+    assert "attention_mask" in inputs and not shift.any() and longest_shift == 0
     if case == "padding inside a row":
         plain = logps_and_gradients(
             model, batch, lambda part: _logps_and_entropies_of_logits(model, part, 1.0, False)[0]

@@ -4,6 +4,7 @@ generation and which keep those of their first training pass, and carries the we
 import torch
 
 import grpo_kit
+from grpo_kit.model.fast.mask_free import ROW_SPANS, RowSpans
 from grpo_kit.testing import tiny_run
 from grpo_kit.training.batches import GenerationBatch, GenerationBatches
 
@@ -38,6 +39,7 @@ def test_a_batch_spanning_two_steps_gets_old_log_probs_where_the_policy_moves_fi
         assert awaiting == {0, 1} and has_old == [False, False, True, True]  # the step before 2 and 3 moves it
         assert batch.old_from_first_pass == set()  # the first pass of 0 and 1 gave theirs
         assert all("old_per_token_logps" in mb for mb in batch.micro_batches)
+        assert all(isinstance(mb[ROW_SPANS], RowSpans) for mb in batch.micro_batches)  # read once, for every pass
         tokens = sum(float(mb["completion_mask"].sum()) for mb in batch.micro_batches)
         assert batch.reduction.num_items_in_batch == tokens
         assert (batch.reduction.gradient_accumulation_steps, batch.reduction.steps_per_generation) == (2, 4)

@@ -8,7 +8,8 @@ predict the completion tokens, their log-softmax. The speed-ups beside it (grpo_
   width rounded up to a multiple (fast/stable_widths.py);
 - `per_token_logps_and_entropies`: chunked logits, when the caller gives a chunk size (fast/chunked_logits.py), and
   tiled logits, when it also gives a vocabulary tile (fast/tiled_logits.py);
-- `run_model`: the CPU's chunked causal attention (fast/causal_attention.py).
+- `run_model`: the CPU's chunked causal attention (fast/causal_attention.py), and masks built unread
+  (fast/unread_masks.py).
 With trainer.packing, `per_token_logps_and_entropies` and `last_hidden_states` run padding-free passes instead
 (packing.py), whose hidden states every logits path reads.
 """
@@ -21,12 +22,15 @@ from grpo_kit.model import vision
 from grpo_kit.model.fast.causal_attention import chunked_causal_attention_on_cpu
 from grpo_kit.model.fast.chunked_logits import chunked_logps_and_entropies
 from grpo_kit.model.fast.length_groups import in_length_groups
-from grpo_kit.model.fast.mask_free import longest_move_for_logits, mask_free_inputs
+from grpo_kit.model.fast.mask_free import longest_move_for_logits, mask_free_inputs, row_spans
 from grpo_kit.model.fast.stable_widths import at_a_multiple_width, width_multiple
 from grpo_kit.model.fast.switches import SpeedUps, speed_ups_of, takes_length_groups
 from grpo_kit.model.fast.tiled_logits import tiled_logps_and_entropies, why_not_tiled
+from grpo_kit.model.fast.unread_masks import masks_built_unread
 from grpo_kit.model.lora import AdapterFreeReference
 from grpo_kit.model.packing import CHECKED, PackedRows, check_packing, pack, unpacked
+
+HEAD_CHECKED = "_grpo_kit_head_checked"  # set on a model whose head was found to give its logits (`_check_head`)
 
 
 def per_token_logps_and_entropies(
@@ -69,15 +73,15 @@ def _logps_and_entropies_of_logits(model, batch, temperature: float, entropy_gra
     length = completion_ids.shape[1]
     width = batch["prompt_ids"].shape[1] + length
     vocab = unwrapped(model).config.get_text_config().vocab_size
-    inputs, shift = model_inputs(model, batch, max_shift=longest_move_for_logits(width, vocab))
+    inputs, shift, longest_shift = model_inputs(model, batch, max_shift=longest_move_for_logits(width, vocab))
     if router is not None:
         inputs["output_router_logits"] = True
-    out = run_model(model, inputs, logits_to_keep=length + 1 + int(shift.max()))
+    out = run_model(model, inputs, logits_to_keep=length + 1 + longest_shift)
     if router is not None:
         router.add(out.router_logits, _real_tokens(batch, shift))
     logits = out.logits[:, :-1]  # the last predicts nothing
-    log_probs = (logits.float() / temperature).log_softmax(dim=-1)  # (B, T + shift.max(), V)
-    rows, columns = completion_columns(shift, length)  # position columns[b, t] predicts completion token t
+    log_probs = (logits.float() / temperature).log_softmax(dim=-1)  # (B, T + longest_shift, V)
+    rows, columns = completion_columns(shift, length, longest_shift)  # position columns[b, t] predicts token t
     per_token_logps = log_probs[rows, columns, completion_ids]  # (B, T)
     with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
         entropies = -(log_probs.exp() * log_probs).sum(dim=-1)[rows, columns]
@@ -95,34 +99,46 @@ def _logps_and_entropies_of_hidden(hidden, head, completion_ids, temperature: fl
 
 def model_inputs(
     model, batch: dict[str, torch.Tensor], max_shift: int | None = None
-) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
-    """The model's inputs for one pass over the prompts and completions of `batch`, and how far each row was moved
-    left (B,) for `completion_columns`: the prompts (padded on the left) and completions (on the right) side by side
-    with their attention mask, rows unmoved; where the model takes mask-free passes, rows moved left instead, by at
-    most `max_shift` (fast/mask_free.py)."""
+) -> tuple[dict[str, torch.Tensor], torch.Tensor, int]:
+    """The model's inputs for one pass over the prompts and completions of `batch`, how far each row was moved left
+    (B,), and the farthest any row may have moved (an int the host knows without reading the batch), both for
+    `completion_columns`: the prompts (padded on the left) and completions (on the right) side by side with their
+    attention mask, rows unmoved; where the model takes mask-free passes, rows moved left instead, by at most
+    `max_shift` (fast/mask_free.py)."""
     input_ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)  # (B, W)
     attention_mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)  # (B, W)
     images = vision.model_kwargs(batch, input_ids, unwrapped(model))
     # A vision-language model numbers its positions from the attention mask itself (M-RoPE): rows stay in place.
     if speed_ups(model).mask_free_passes and not images:
-        moved = mask_free_inputs(input_ids, attention_mask, unwrapped(model).config.get_text_config(), max_shift)
+        spans = row_spans(batch)
+        text_config = unwrapped(model).config.get_text_config()
+        moved = mask_free_inputs(input_ids, attention_mask, text_config, spans, max_shift)
         if moved is not None:
-            return moved
+            return *moved, spans.longest_shift
     unmoved = torch.zeros(len(input_ids), dtype=torch.long, device=input_ids.device)
-    return {"input_ids": input_ids, "attention_mask": attention_mask, **images}, unmoved
+    return {"input_ids": input_ids, "attention_mask": attention_mask, **images}, unmoved, 0
 
 
-def completion_columns(shift: torch.Tensor, length: int) -> tuple[torch.Tensor, torch.Tensor]:  # (B, 1), (B, T)
-    """Rows and columns that pick, from a pass over `model_inputs` cut to its last `length + shift.max()` positions
-    before the final one, the position that predicts each of the `length` completion tokens of each row."""
+def completion_columns(
+    shift: torch.Tensor, length: int, longest_shift: int
+) -> tuple[torch.Tensor, torch.Tensor]:  # (B, 1), (B, T)
+    """Rows and columns that pick, from a pass over `model_inputs` cut to its last `length + longest_shift`
+    positions before the final one, the position that predicts each of the `length` completion tokens of each row
+    (`longest_shift` at least every row's shift)."""
     rows = torch.arange(len(shift), device=shift.device).unsqueeze(1)
-    return rows, (shift.max() - shift).unsqueeze(1) + torch.arange(length, device=shift.device)
+    return rows, (longest_shift - shift).unsqueeze(1) + torch.arange(length, device=shift.device)
 
 
 def run_model(model, inputs: dict[str, torch.Tensor], **kwargs):
-    """The model's forward pass over `inputs`; on the CPU, with the chunked causal attention where it applies."""
-    chunked_attention = speed_ups(model).cpu_chunked_attention
-    with chunked_causal_attention_on_cpu(unwrapped(model)) if chunked_attention else contextlib.nullcontext():
+    """The model's forward pass over `inputs`: with an attention mask, one built without reading it back
+    (fast/unread_masks.py); without, on the CPU, with the chunked causal attention where it applies."""
+    if "attention_mask" in inputs:
+        attention = masks_built_unread(unwrapped(model))
+    elif speed_ups(model).cpu_chunked_attention:
+        attention = chunked_causal_attention_on_cpu(unwrapped(model))
+    else:
+        attention = contextlib.nullcontext()
+    with attention:
         return model(**inputs, **kwargs)
 
 
@@ -222,8 +238,9 @@ def last_hidden_states(
     compute the logits of the last position only.
 
     The model itself is called (not its inner decoder), so DDP's hooks, PEFT's adapters and the adapter-free
-    reference work as in the plain path. Its last-position logits check that `head` reproduces the model's
-    logits from these hidden states; a model that post-processes them otherwise is refused, not silently wrong.
+    reference work as in the plain path. The first pass over each model checks, from its last-position logits,
+    that `head` reproduces the model's logits from these hidden states; a model that post-processes them otherwise
+    is refused, not silently wrong.
     With `router`, the passes' router logits are collected into it (`RouterLoads`).
     """
 
@@ -250,14 +267,14 @@ def in_passes(model, forward, batch: dict[str, torch.Tensor]):
 
 
 def _last_hidden_states(model, batch: dict[str, torch.Tensor], head: OutputHead, router=None) -> torch.Tensor:
-    inputs, shift = model_inputs(model, batch)
+    inputs, shift, longest_shift = model_inputs(model, batch)
     out = _hidden_pass(model, inputs, head, router)
     if router is not None:
         router.add(out.router_logits, _real_tokens(batch, shift))
     hidden = out.hidden_states[-1]  # (B, P + T, H), after the final norm
     length = batch["completion_ids"].shape[1]
-    rows, columns = completion_columns(shift, length)
-    return hidden[:, -(length + 1 + int(shift.max())) : -1][rows, columns]  # position t predicts completion token t
+    rows, columns = completion_columns(shift, length, longest_shift)
+    return hidden[:, -(length + 1 + longest_shift) : -1][rows, columns]  # position t predicts completion token t
 
 
 def packed_hidden_states(model, batch, packed: PackedRows, head: OutputHead, router=None) -> torch.Tensor:  # (B, T, H)
@@ -299,9 +316,18 @@ def _hidden_pass(model, inputs: dict[str, torch.Tensor], head: OutputHead, route
         hook.remove()
     if getattr(out, "hidden_states", None) is None:
         raise ValueError(f"{type(model).__name__} returns no hidden states: use model.logits=full.")
-    hidden = out.hidden_states[-1]
+    if not getattr(unwrapped(model), HEAD_CHECKED, False):
+        _check_head(out, head)
+        setattr(unwrapped(model), HEAD_CHECKED, True)
+    return out
+
+
+def _check_head(out, head: OutputHead) -> None:
+    """`head` applied to the last hidden states gives the model's logits, else ValueError. Once per model: what it
+    finds is the model's own (how its forward post-processes its logits), and each check reads values back, which
+    on a GPU waits for the whole pass."""
     with torch.no_grad():
-        expected, ours = out.logits[:, -1].float(), head(hidden[:, -1]).float()
+        expected, ours = out.logits[:, -1].float(), head(out.hidden_states[-1][:, -1]).float()
         difference = (expected - ours).abs().max().item()
         if not difference <= 1e-2 * expected.abs().max().item() + 1e-5:
             raise ValueError(
@@ -309,4 +335,3 @@ def _hidden_pass(model, inputs: dict[str, torch.Tensor], head: OutputHead, route
                 f"(they differ by up to {difference:.3g}): the model post-processes its logits in a way the chunked "
                 "and Liger paths do not know. Use model.logits=full (and trainer.packing=false) for this model."
             )
-    return out

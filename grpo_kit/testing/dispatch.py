@@ -23,12 +23,19 @@ HOST_READS = frozenset(
         "aten._unique2.default",
     }
 )
+# Indexing ops whose output's size, with a boolean mask among the indices, depends on the mask's values: the op
+# calls `nonzero` inside itself, where a dispatch mode does not see it.
+MASK_INDEXING = frozenset({"aten.index.Tensor", "aten.index_put.default", "aten.index_put_.default"})
 CASTS = frozenset({"aten._to_copy.default", "aten.to.dtype", "aten.to.dtype_layout", "aten.copy_.default"})
 
 
 class DispatchCounter(TorchDispatchMode):
     """Counts every aten op run inside it (`ops`), the host reads among them (`host_reads`), and the casts of the
-    `watched` tensors to another dtype (`watched_casts`): a parameter's cast to bf16 reads the parameter itself."""
+    `watched` tensors to another dtype (`watched_casts`): a parameter's cast to bf16 reads the parameter itself.
+
+    Two host reads run no aten op of their own on a CPU and are counted apart (`ops["masked indexing"]`,
+    `ops["tolist"]`): an index or index_put with a boolean mask, and `Tensor.tolist()` (a copy to the host on a GPU).
+    """
 
     def __init__(self, watched=()):
         super().__init__()
@@ -38,12 +45,33 @@ class DispatchCounter(TorchDispatchMode):
 
     @property
     def host_reads(self) -> int:
-        return sum(count for name, count in self.ops.items() if name in HOST_READS)
+        reads = sum(count for name, count in self.ops.items() if name in HOST_READS)
+        return reads + self.ops["masked indexing"] + self.ops["tolist"]
+
+    def __enter__(self):
+        self._own_tolist = vars(torch.Tensor).get("tolist")  # None: torch.Tensor inherits it from its C base
+        inner = torch.Tensor.tolist
+
+        def tolist(tensor, *args, **kwargs):
+            self.ops["tolist"] += 1
+            return inner(tensor, *args, **kwargs)
+
+        torch.Tensor.tolist = tolist
+        return super().__enter__()
+
+    def __exit__(self, *exc_info):
+        if self._own_tolist is None:
+            del torch.Tensor.tolist
+        else:
+            torch.Tensor.tolist = self._own_tolist
+        return super().__exit__(*exc_info)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         name = str(func)
         self.ops[name] += 1
+        if name in MASK_INDEXING and _has_a_mask(args[1]):
+            self.ops["masked indexing"] += 1
         out = func(*args, **kwargs)
         if name in CASTS and self.watched:
             source = args[1] if name == "aten.copy_.default" else args[0]
@@ -51,6 +79,10 @@ class DispatchCounter(TorchDispatchMode):
                 if isinstance(out, torch.Tensor) and out.dtype != source.dtype:
                     self.watched_casts += 1
         return out
+
+
+def _has_a_mask(indices) -> bool:
+    return any(isinstance(index, torch.Tensor) and index.dtype in (torch.bool, torch.uint8) for index in indices)
 
 
 @contextlib.contextmanager

@@ -28,6 +28,7 @@ import torch
 from grpo_kit.contract.errors import ConfigError
 from grpo_kit.contract.kinds import Reduction, declared
 from grpo_kit.contract.pipeline import Run, ScoredBatch
+from grpo_kit.model.fast.mask_free import record_row_spans
 from grpo_kit.objective.objective import loss_mask
 from grpo_kit.objective.policy_loss import PolicyLoss
 from grpo_kit.rollout.rollout import Rollout
@@ -80,7 +81,11 @@ class GenerationBatch:
 
     def state_dict(self) -> dict:
         return {
-            "micro_batches": [{name: tensor.cpu() for name, tensor in batch.items()} for batch in self.micro_batches],
+            # Tensors only: a resumed batch's passes read their RowSpans again (fast/mask_free.py).
+            "micro_batches": [
+                {name: tensor.cpu() for name, tensor in batch.items() if isinstance(tensor, torch.Tensor)}
+                for batch in self.micro_batches
+            ],
             "reduction": asdict(self.reduction),
             "metrics": self.metrics,
             "weight_version": self.weight_version,
@@ -146,6 +151,7 @@ class GenerationBatches:
             rows_per_micro_batch=self.rows_per_micro_batch(batch),
         )
         micro_batches = split(batch, self.steps_per_generation, self.accumulation, self.by_length, self.budget)
+        record_row_spans(micro_batches)  # what every pass over them decides by, so that no pass reads the GPU
         old_from_first_pass = set()
         moved = moves_before_use(micro_step, self.steps_per_generation, self.accumulation)
         for position, (micro_batch, policy_moved) in enumerate(zip(micro_batches, moved)):

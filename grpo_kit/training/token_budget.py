@@ -83,6 +83,8 @@ def rows_of(batch: dict[str, torch.Tensor], rows: torch.Tensor) -> dict[str, tor
     width = max(int(batch["completion_mask"][rows].sum(dim=1).max()), 1)
     part = {}
     for name, tensor in batch.items():
+        if not isinstance(tensor, torch.Tensor):
+            continue  # the whole micro-batch's RowSpans (fast/mask_free.py): a part's passes read their own
         tensor = tensor if tensor.dim() == 0 else tensor[rows]
         part[name] = tensor[:, :width] if name in COMPLETION_WIDE and tensor.dim() == 2 else tensor
     return part

@@ -11,35 +11,78 @@ When it applies: wherever every row's tokens are one span; the masked pass stays
 span (a custom rollout's mask may), where the moved padding's positions would pass the model's last one, and where
 a row would move by more than `max_shift` (a pass that computes logits needs that many more positions of them).
 
+Without a read of the GPU: whether the rows are one span and how far they move decide what the pass runs, so the
+host must know them, and on a GPU each read of a tensor's value waits for every kernel queued before it. They are
+read once per generation batch instead (`record_row_spans`, which GenerationBatches.make calls) and carried in each
+micro-batch as its `RowSpans`; a micro-batch made otherwise (a test, a script) has them read at its pass.
+
 Switch: model.mask_free_passes=false runs every pass with the attention mask. Figures: benchmarks/README.md,
 "Mask-free passes".
 """
 
+from dataclasses import dataclass
+
 import torch
+
+ROW_SPANS = "row_spans"  # the micro-batch's key of its RowSpans, where its maker recorded them
+
+
+@dataclass(frozen=True)
+class RowSpans:
+    """Where a micro-batch's rows' tokens lie, as far as a pass needs it, held on the host. Its completions padded
+    further on the right (pad_to_multiple_of) keep them; a pass over some of its rows (a length group, a token
+    budget's part) reads its own, as the code that picks those rows reads values already."""
+
+    one_span: bool  # every row's prompt and completion tokens are one span between padding
+    longest_shift: int  # the most padding before any row's first token: the farthest a row moves
+
+
+def row_spans(batch: dict[str, torch.Tensor]) -> RowSpans:
+    """`batch`'s RowSpans: those its maker recorded, else read from its masks (one host read)."""
+    return batch.get(ROW_SPANS) or _read([batch])[0]
+
+
+def record_row_spans(micro_batches: list[dict[str, torch.Tensor]]) -> None:
+    """Record each micro-batch's RowSpans in it, with one host read for all of them."""
+    for micro_batch, spans in zip(micro_batches, _read(micro_batches)):
+        micro_batch[ROW_SPANS] = spans
+
+
+def _read(batches: list[dict[str, torch.Tensor]]) -> list[RowSpans]:
+    facts = torch.stack([_spans_on_device(batch) for batch in batches]).tolist()  # (N, 2): the one read
+    return [RowSpans(bool(one_span), int(longest_shift)) for one_span, longest_shift in facts]
+
+
+def _spans_on_device(batch: dict[str, torch.Tensor]) -> torch.Tensor:  # (2,): one span (0 or 1), longest shift
+    attention_mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)  # (B, W)
+    columns = torch.arange(attention_mask.shape[1], device=attention_mask.device)  # (W,)
+    shift = attention_mask.argmax(dim=1)  # (B,) the row's padding before its first token
+    span = (columns >= shift[:, None]) & (columns < (shift + attention_mask.sum(dim=1))[:, None])  # (B, W)
+    return torch.stack([(span == attention_mask.bool()).all().long(), shift.max()])
 
 
 def mask_free_inputs(
     input_ids: torch.Tensor,  # (B, W): each row's prompt, then its completion
     attention_mask: torch.Tensor,  # (B, W)
     text_config,
+    spans: RowSpans,
     max_shift: int | None = None,
 ) -> tuple[dict[str, torch.Tensor], torch.Tensor] | None:
     """The model's inputs with each row moved left to start at column 0, and how far each row moved (B,); None
-    where the masked pass must stay."""
+    where the masked pass must stay. Decided from `spans` and the shapes alone: no value is read back."""
     width = input_ids.shape[1]
-    columns = torch.arange(width, device=input_ids.device)  # (W,)
-    shift = attention_mask.argmax(dim=1)  # (B,) the row's padding before its first token
-    span = (columns >= shift[:, None]) & (columns < (shift + attention_mask.sum(dim=1))[:, None])  # (B, W)
     last_position = getattr(text_config, "max_position_embeddings", None)
-    longest_shift = int(shift.max())
+    longest_shift = spans.longest_shift
     if (
-        not torch.equal(span, attention_mask.bool())
+        not spans.one_span
         or (last_position and width + longest_shift > last_position)
         or (max_shift is not None and longest_shift > max_shift)
     ):
         return None
-    if not shift.any():
-        return {"input_ids": input_ids}, shift
+    if longest_shift == 0:  # every row starts at column 0 already
+        return {"input_ids": input_ids}, torch.zeros(len(input_ids), dtype=torch.long, device=input_ids.device)
+    columns = torch.arange(width, device=input_ids.device)  # (W,)
+    shift = attention_mask.argmax(dim=1)  # (B,)
     moved = (columns + shift[:, None]) % width  # (B, W): the columns each row's tokens come from
     return {"input_ids": input_ids.gather(1, moved), "position_ids": columns + shift[:, None]}, shift
 

@@ -114,7 +114,6 @@ class _TiledLogps(torch.autograd.Function):
         grad_bias = torch.zeros_like(bias) if wants_bias else None  # (V,)
         grad_logps = grad_logps.float().unsqueeze(-1)  # (n, 1)
         grad_entropies = grad_entropies.float().unsqueeze(-1) if ctx.entropy_grad else None
-        rows = torch.arange(hidden.shape[0], device=hidden.device)
         with torch.no_grad():
             for start, end in _tiles(weight.shape[0], ctx.vocab_tile):
                 log_probs = _tile_logits(ctx.head, hidden, weight, bias, start, end, ctx.temperature)
@@ -124,8 +123,11 @@ class _TiledLogps(torch.autograd.Function):
                 else:
                     scale = grad_logps
                 grad = log_probs.exp_().mul_(scale).neg_()  # (n, tile), written over the log-probs
-                inside = (ids >= start) & (ids < end)
-                grad.index_put_((rows[inside], ids[inside] - start), grad_logps.squeeze(-1)[inside], accumulate=True)
+                # The one-hot term, added where the token is in this tile (zero elsewhere): a boolean index would
+                # size its result by the mask's values, a read of the GPU.
+                inside = ((ids >= start) & (ids < end)).unsqueeze(-1)  # (n, 1)
+                column = (ids - start).clamp(0, end - start - 1).unsqueeze(-1)  # (n, 1)
+                grad.scatter_add_(-1, column, torch.where(inside, grad_logps, 0.0))
                 grad.div_(ctx.temperature)  # the gradient of the logits before the temperature
                 with ctx.head.precision():
                     if grad_hidden is not None:

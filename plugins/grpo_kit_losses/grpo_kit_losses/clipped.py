@@ -51,6 +51,8 @@ class ClippedSurrogate(Loss):
 
 
 def _nan_reduce(values: torch.Tensor, reduce) -> torch.Tensor:
-    """min or max over the sequences that have tokens (NaN when none has)."""
-    present = values[~values.isnan()]
-    return reduce(present) if present.numel() else values.new_tensor(float("nan"))
+    """min or max over the sequences that have tokens (NaN when none has). The others are set to what the reduction
+    ignores rather than indexed out: a boolean index sizes its result by the values, which waits for a GPU."""
+    missing = values.isnan()
+    ignored = float("inf") if reduce is torch.min else float("-inf")
+    return torch.where(missing.all(), float("nan"), reduce(values.masked_fill(missing, ignored)))
