@@ -47,22 +47,14 @@ class GenerationAhead:
     """The run's generation backend as the trainer sees it (a Generation itself), with a worker generating ahead.
 
     `generate` (evaluation, a hook's redraw), `sampling` and `update_weights` run on the training thread, each
-    taking its turn with the worker's requests; `take` hands the trainer the next batch in order.
+    taking its turn with the worker's requests; `take` hands the trainer the next batch in order. It is built with
+    the run's other parts, and its worker starts once the run knows where it stands (`start_worker`).
     """
 
-    def __init__(
-        self,
-        backend,
-        sampler,
-        num_prompts: int,
-        generate_rows: Callable,  # (rows, generate) -> Generated: the rollout's generation part
-        max_staleness: int,
-        version: int,  # the weights' optimizer steps now
-        version_at_take: Callable[[int], int],  # the n-th batch the worker draws: the weights' steps when it is taken
-    ):
-        self.backend, self.sampler, self.num_prompts = backend, sampler, num_prompts
-        self.generate_rows, self.max_staleness = generate_rows, max_staleness
-        self.version, self.version_at_take = version, version_at_take
+    def __init__(self, backend, sampler, max_staleness: int):
+        self.backend, self.sampler, self.max_staleness = backend, sampler, max_staleness
+        self.num_prompts, self.generate_rows, self.version_at_take = 0, None, None  # set by start_worker
+        self.version = 0  # the weights' optimizer steps now
         self.turn = threading.RLock()  # one request at a time: the worker's, or the training thread's
         self.condition = threading.Condition()  # guards everything below, and the sampler
         self.pending: deque[Pending] = deque()  # drawn and not yet taken, oldest first
@@ -72,7 +64,15 @@ class GenerationAhead:
         self.last_taken: dict[str, float] = {}
         self.worker = threading.Thread(target=self._work, name="grpo_kit-generation-ahead", daemon=True)
 
-    def start_worker(self) -> None:
+    def start_worker(
+        self,
+        num_prompts: int,  # per batch, this process's
+        generate_rows: Callable,  # (rows, generate) -> Generated: the rollout's generation part
+        version: int,  # the weights' optimizer steps now
+        version_at_take: Callable[[int], int],  # the n-th batch the worker draws: the weights' steps when it is taken
+    ) -> None:
+        self.num_prompts, self.generate_rows = num_prompts, generate_rows
+        self.version, self.version_at_take = version, version_at_take
         self.worker.start()
 
     # --- the worker ---

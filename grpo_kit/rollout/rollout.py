@@ -57,8 +57,12 @@ class Rollout:
     recorder: RolloutRecorder | None = None  # saves every scored batch
     tool_use: ToolUse | None = None  # multi-turn generation with tools (+environment=NAME, tools=[...])
     custom: CustomRollout | None = None  # a rollout plugin's generation instead (+rollout=NAME)
-    ahead: GenerationAhead | None = None  # asynchronous generation: batches generated while the trainer trains
     images: ImagePrompts | None = None  # a vision-language policy's processor, for prompts with images
+
+    @property
+    def ahead(self) -> GenerationAhead | None:
+        """Asynchronous generation: the backend with a worker that generates batches while the trainer trains."""
+        return self.generation if isinstance(self.generation, GenerationAhead) else None
 
     def __call__(self, run: Run, num_prompts: int, version: int) -> "Rollouts":
         """This process's next `num_prompts` prompts, generated, scored and given their advantages; `version`: the

@@ -45,30 +45,19 @@ def check_asynchronous(cfg: DictConfig, generation) -> None:
         )
 
 
-def generate_ahead(cfg: DictConfig, rollout: Rollout, state, plan: BatchPlan) -> GenerationAhead:
-    """Start the worker from where the run stands (its start, or a resumed checkpoint); the rollout takes its
-    batches from it and every other generation goes through it."""
+def start_generating_ahead(ahead: GenerationAhead, rollout: Rollout, state, plan: BatchPlan) -> None:
+    """Start the worker from where the run stands (its start, or a resumed checkpoint): the rollout takes its
+    batches from it, and every other generation goes through it."""
     accumulation, micro_steps_per_batch = plan.accumulation, plan.micro_steps_per_batch
     next_batch_at = math.ceil(state.micro_step / micro_steps_per_batch) * micro_steps_per_batch
 
     def version_at_take(index: int) -> int:  # the weights' optimizer steps when the trainer takes batch `index`
         return (next_batch_at + index * micro_steps_per_batch) // accumulation
 
-    ahead = GenerationAhead(
-        rollout.generation,
-        rollout.sampler,
-        plan.prompts_per_generation,
-        rollout.generate_rows,
-        cfg.algorithm.max_staleness,
-        state.step,
-        version_at_take,
-    )
-    rollout.generation = rollout.ahead = state.ahead = ahead
     if state.dropped_ahead:
         log.info(
             "Asynchronous generation: %d batch(es) generated ahead when the checkpoint was saved were not kept; "
             "their prompts are drawn again, and generated with the restored weights.",
             state.dropped_ahead,
         )
-    ahead.start_worker()
-    return ahead
+    ahead.start_worker(plan.prompts_per_generation, rollout.generate_rows, state.step, version_at_take)

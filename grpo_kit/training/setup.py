@@ -46,6 +46,7 @@ from grpo_kit.outputs.plugin_lock import record_session
 from grpo_kit.outputs.samples import SampleLog
 from grpo_kit.outputs.trackers import TrackerLogger, accelerate_trackers, check_trackers
 from grpo_kit.plugins.registry import Registry
+from grpo_kit.rollout.ahead import GenerationAhead
 from grpo_kit.rollout.checks import check_model_path, check_prompt_lengths, check_reward_columns
 from grpo_kit.rollout.evaluation import Evaluator, load_eval_sets
 from grpo_kit.rollout.images import ImagePrompts
@@ -53,7 +54,7 @@ from grpo_kit.rollout.prompts import PromptSampler, load_prompts, use_chat_templ
 from grpo_kit.rollout.replay import RolloutRecorder, RolloutReplay
 from grpo_kit.rollout.rollout import Rollout
 from grpo_kit.rollout.scoring import Scorer, reward_trainer_state
-from grpo_kit.training.asynchronous import check_asynchronous, generate_ahead
+from grpo_kit.training.asynchronous import check_asynchronous, start_generating_ahead
 from grpo_kit.training.batches import GenerationBatches, group_by_length, token_budget
 from grpo_kit.training.builders import build_advantage, build_custom_rollout, build_hooks, build_rewards, build_tool_use
 from grpo_kit.training.lifecycle import Resources, StopRequest
@@ -102,6 +103,7 @@ class Prompts:
 
     train: datasets.Dataset
     eval_sets: dict[str, datasets.Dataset]
+    sampler: PromptSampler  # this process's draws from the training prompts
 
     @property
     def every_set(self) -> list[datasets.Dataset]:
@@ -133,7 +135,7 @@ def setup(cfg: DictConfig, run_dir: Path, registry: Registry) -> tuple[Session, 
     check_moving_reference(accelerator, cfg)
     check_recording(cfg, accelerator.num_processes)
     check_model_path(cfg.model.name_or_path)
-    prompts = load_checked_prompts(cfg, plugins.rewards)
+    prompts = load_checked_prompts(cfg, plugins.rewards, accelerator)
     plan = BatchPlan.of(cfg, accelerator.num_processes, len(prompts.train))
     replay = cfg.rollouts.replay
     replay = RolloutReplay(replay, plan.num_generations, plan.generation_batch_size) if replay else None
@@ -146,10 +148,14 @@ def setup(cfg: DictConfig, run_dir: Path, registry: Registry) -> tuple[Session, 
     resources = build_resources(cfg, registry, plugins, plan, accelerator, trackers, len(prompts.train))
     try:
         plugins.generation.start(policy.model, policy.tokenizer, accelerator)
-        resources.generation = plugins.generation  # from here on it is closed however the run ends
+        # The backend as the trainer sees it, from here on closed however the run ends: itself, or with
+        # algorithm.max_staleness a worker that generates batches ahead with it (docs/async.md).
+        resources.generation = plugins.generation
+        if cfg.algorithm.max_staleness:
+            resources.generation = GenerationAhead(plugins.generation, prompts.sampler, cfg.algorithm.max_staleness)
         for plugin in resources.plugins:
             resources.plugin_manager.register(plugin)
-        rollout = build_rollout(cfg, registry, plugins, policy, resources, accelerator, prompts.train, replay, run_dir)
+        rollout = build_rollout(cfg, registry, plugins, policy, resources, accelerator, prompts, replay, run_dir)
         batches = GenerationBatches(
             rollout,
             plugins.policy_loss,
@@ -176,6 +182,7 @@ def setup(cfg: DictConfig, run_dir: Path, registry: Registry) -> tuple[Session, 
             moving_reference=policy.reference if cfg.algorithm.sync_ref_model else None,
             replay=rollout.replay,
             recorder=rollout.recorder,
+            ahead=rollout.ahead,
         )
         if checkpoint is not None:
             resume(session, state, checkpoint)
@@ -204,9 +211,11 @@ def build_plugins(cfg: DictConfig, registry: Registry) -> Plugins:
     )
 
 
-def load_checked_prompts(cfg: DictConfig, rewards: dict) -> Prompts:
+def load_checked_prompts(cfg: DictConfig, rewards: dict, accelerator: Accelerator) -> Prompts:
     """The training and evaluation prompts, with the columns the rewards read (a rollout plugin may add them)."""
-    prompts = Prompts(load_prompts(cfg.data), load_eval_sets(cfg.eval, cfg.data))
+    train = load_prompts(cfg.data)
+    sampler = PromptSampler(train, cfg.seed, cfg.data.shuffle, accelerator.process_index, accelerator.num_processes)
+    prompts = Prompts(train, load_eval_sets(cfg.eval, cfg.data), sampler)
     for dataset in prompts.every_set if cfg.rollout is None else ():
         check_reward_columns(rewards, dataset, OmegaConf.to_container(cfg.reward, resolve=True))
     return prompts
@@ -318,18 +327,17 @@ def build_rollout(
     policy: Policy,
     resources: Resources,
     accelerator: Accelerator,
-    prompts: datasets.Dataset,
+    prompts: Prompts,
     replay: RolloutReplay | None,
     run_dir: Path,
 ) -> Rollout:
     """generate -> score -> advantages, over this process's share of the prompts (or replayed rollouts)."""
     num_generations = cfg.generation.num_generations
-    sampler = PromptSampler(prompts, cfg.seed, cfg.data.shuffle, accelerator.process_index, accelerator.num_processes)
     # The sampler's log-probs are asked for where a rollout correction is selected and applies to this sampler.
     corrected = corrects_rollouts(cfg, registry) and plugins.objective.correction.level is not None
     return Rollout(
-        sampler,
-        plugins.generation,
+        prompts.sampler,
+        resources.generation,
         resources.scorer,
         plugins.reward_weights,
         plugins.advantage,
@@ -342,7 +350,7 @@ def build_rollout(
         with_logprobs=corrected,
         replay=replay,
         recorder=RolloutRecorder(run_dir) if cfg.rollouts.save else None,
-        tool_use=build_tool_use(cfg, registry, policy.tokenizer, plugins.generation, accelerator, policy.eos),
+        tool_use=build_tool_use(cfg, registry, policy.tokenizer, resources.generation, accelerator, policy.eos),
         custom=build_custom_rollout(cfg, registry),
         images=policy.images,
     )
@@ -351,8 +359,8 @@ def build_rollout(
 def start_side_workers(session: Session, state: TrainState, rollout: Rollout, eval_sets: dict) -> None:
     """What runs beside the steps: generation ahead (algorithm.max_staleness), evaluation, the sample log."""
     cfg, resources, accelerator = session.cfg, session.resources, session.accelerator
-    if cfg.algorithm.max_staleness:  # from here on generation goes through the worker, which closes the backend
-        resources.generation = generate_ahead(cfg, rollout, state, session.plan)
+    if rollout.ahead is not None:
+        start_generating_ahead(rollout.ahead, rollout, state, session.plan)
     if eval_sets:
         resources.evaluator = Evaluator(
             eval_sets,
