@@ -1,7 +1,7 @@
 """grpo_kit: GRPO-family reinforcement learning of language models, every variant a plugin.
 
-The public API: `compose` a config as the CLI would, `build_objective` and `build_advantage` from it, `train`
-it. Plugin authors use `hookimpl`, the protocols and the config and data types of `grpo_kit.contract.kinds`, the errors,
+The public API: `compose` a config as the CLI would, `build_objective` and `build_advantage` from it (an
+objective takes a `MicroBatch`), `train` it. Plugin authors use `hookimpl`, the protocols and the config and data types of `grpo_kit.contract.kinds`, the errors,
 and, in hooks, the `Run` and `ScoredBatch` of `grpo_kit.contract.pipeline` (docs/plugins/README.md says which modules a
 plugin may import).
 """
@@ -36,6 +36,7 @@ from grpo_kit.plugins.registry import Registry
 # These load torch and transformers, so they are imported when first used, not with `import grpo_kit`: the CLI's
 # help and errors, `grpo-kit plugins`, `compose` and every plugin's registration stay free of them.
 _IMPORTED_ON_USE = {
+    "MicroBatch": "grpo_kit.contract.micro_batch",
     "Run": "grpo_kit.contract.pipeline",
     "ScoredBatch": "grpo_kit.contract.pipeline",
     "build_advantage": "grpo_kit.training.builders",
@@ -67,6 +68,7 @@ __all__ = [
     "LigerLoss",
     "Loss",
     "LossInputs",
+    "MicroBatch",
     "PluginError",
     "PromptImages",
     "Reduction",

@@ -17,10 +17,10 @@ from accelerate import Accelerator
 from transformers import AutoModelForCausalLM
 
 import grpo_kit
-from grpo_kit.objective.objective import build_objective, high_entropy_mask, loss_mask
+from grpo_kit.objective.objective import build_objective, high_entropy_mask
 from grpo_kit.objective.policy_loss import build_policy_loss
 from grpo_kit.testing import tiny_run
-from grpo_kit.testing.micro_batches import half_a_generation_batch, random_micro_batch
+from grpo_kit.testing.micro_batches import half_a_generation_batch, random_micro_batch, trl_inputs
 from grpo_kit.training.optimization import Optimization
 
 STEPS, ACCUMULATION, LENGTH = 6, 2, 6
@@ -79,7 +79,7 @@ def step_entropies(policy_loss, model, batches, quantile):
         totals = torch.zeros(2)
         for batch in batches[step * ACCUMULATION : (step + 1) * ACCUMULATION]:
             _, entropies = policy_loss.logps(model, batch)
-            mask = loss_mask(batch).float()
+            mask = batch.loss_mask().float()
             if quantile < 1.0:
                 mask = mask * high_entropy_mask(entropies, mask, 1 - quantile)
             totals += torch.stack([(entropies * mask).sum(), mask.sum()])
@@ -122,7 +122,7 @@ def test_coefficient_losses_and_logs_equal_trl_step_by_step(registry, trl, tiny_
                 logps, entropies = policy_loss.logps(model, batch)
             theirs._get_per_token_logps_and_entropies = lambda *args, **kwargs: (logps, entropies, None)
             accelerator.sync_gradients = ends_step
-            trl_batch = batch | {"num_items_in_batch": torch.tensor(reduction.num_items_in_batch)}  # where TRL reads it
+            trl_batch = trl_inputs(batch) | {"num_items_in_batch": torch.tensor(reduction.num_items_in_batch)}  # where TRL reads it
             expected = trl.GRPOTrainer._compute_loss(theirs, None, trl_batch)
             where = f"{loss}, quantile {quantile}, target {target:.4f}, micro-batch {index}"
             torch.testing.assert_close(out.loss.detach(), expected, atol=1e-6, rtol=1e-6, msg=where)

@@ -170,3 +170,64 @@ def test_the_cycle_test_sees_a_circle():
     graph = {"a": {"b"}, "b": {"c"}, "c": {"b"}, "d": set()}
     assert import_cycle(graph) == ["b", "c", "b"]
     assert import_cycle({"a": {"b"}, "b": set()}) == []
+
+
+MAX_FUNCTION_LINES = 80
+# Functions allowed to be longer, each with why: a renderer is one long template, read top to bottom.
+LONG_FUNCTIONS = {("report/markdown.py", "render"): "the sweep report's Markdown, section after section"}
+
+
+def long_functions(root: Path) -> list[tuple[str, str, int]]:
+    """(module path under `root`, function name, lines) of every function longer than MAX_FUNCTION_LINES."""
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                lines = node.end_lineno - node.lineno + 1
+                if lines > MAX_FUNCTION_LINES:
+                    found.append((path.relative_to(root).as_posix(), node.name, lines))
+    return found
+
+
+def test_no_function_runs_over_80_lines():
+    too_long = [found for found in long_functions(CORE) if found[:2] not in LONG_FUNCTIONS]
+    assert too_long == [], "cut these into named steps (or list one in LONG_FUNCTIONS, with why)"
+
+
+def test_the_length_test_sees_a_long_function(tmp_path):
+    (tmp_path / "long.py").write_text("def long():\n" + "    x = 1\n" * MAX_FUNCTION_LINES)
+    assert long_functions(tmp_path) == [("long.py", "long", MAX_FUNCTION_LINES + 1)]
+
+
+def dict_micro_batches(root: Path) -> list[str]:
+    """Parameters and returns of the code under `root` that carry a micro-batch (a name with "batch" in it) as a
+    dict or a list of dicts instead of a MicroBatch."""
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            annotated = [(arg.arg, arg.annotation) for arg in node.args.args + node.args.kwonlyargs]
+            if "batch" in node.name:
+                annotated.append(("return", node.returns))
+            for name, annotation in annotated:
+                shown = "" if annotation is None else ast.unparse(annotation)
+                if "batch" in name.lower() + node.name and shown.startswith(("dict[str, torch.Tensor]", "list[dict")):
+                    found.append(f"{path.relative_to(root).as_posix()}:{node.lineno} {node.name}({name}: {shown})")
+    return found
+
+
+def test_no_micro_batch_travels_as_a_dict():
+    assert dict_micro_batches(CORE) == [], "a micro-batch is a MicroBatch (grpo_kit/contract/micro_batch.py)"
+
+
+def test_the_micro_batch_test_sees_a_dict(tmp_path):
+    (tmp_path / "old.py").write_text("def train_on(micro_batch: dict[str, torch.Tensor]) -> None: ...\n")
+    assert dict_micro_batches(tmp_path) == ["old.py:1 train_on(micro_batch: dict[str, torch.Tensor])"]
+
+
+def test_docs_architecture_names_every_module():
+    """docs/architecture.md's table is the map: a module it does not name is one a newcomer cannot find."""
+    page = (CORE.parent / "docs" / "architecture.md").read_text()
+    modules = [path.relative_to(CORE).as_posix() for path in CORE.rglob("*.py") if path.name != "__init__.py"]
+    assert sorted(module for module in modules if f"| `{module}` |" not in page) == []

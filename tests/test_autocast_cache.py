@@ -15,6 +15,7 @@ import contextlib
 import pytest
 import torch
 from accelerate import Accelerator
+from accelerate.state import AcceleratorState
 from transformers import AutoModelForCausalLM
 
 from grpo_kit_transformers.cast_once import weights_cast_once
@@ -24,6 +25,7 @@ SAMPLERS = ["cast_once", "one autocast held around the loop", "an autocast left 
 
 @pytest.mark.parametrize("sampler", SAMPLERS)
 def test_only_an_autocast_left_open_lets_the_sampler_s_casts_outlive_an_optimizer_step(tiny_model, sampler):
+    AcceleratorState._reset_state()  # an earlier test's Accelerator in this process may have chosen another precision
     accelerator = Accelerator(cpu=True, mixed_precision="bf16")
     model = AutoModelForCausalLM.from_pretrained(tiny_model)
     model, optimizer = accelerator.prepare(model, torch.optim.SGD(model.parameters(), lr=0.5))

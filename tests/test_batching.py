@@ -8,6 +8,7 @@ from transformers import AutoModelForCausalLM
 
 import grpo_kit
 from grpo_kit.contract.errors import ConfigError
+from grpo_kit.contract.micro_batch import MicroBatch
 from grpo_kit.model.fast import causal_attention
 from grpo_kit.model.fast.length_groups import length_groups
 from grpo_kit.model.fast.switches import SpeedUps, use_speed_ups
@@ -35,13 +36,13 @@ def generation_batch(vocab_size: int, size: int = 16, prompt_length: int = 3, le
     completion_ids = torch.randint(2, vocab_size, (size, length), generator=generator) * completion_mask
     prompt_mask = torch.ones(size, prompt_length, dtype=torch.long)
     prompt_mask[1::3, 0] = 0  # left padding
-    return {
-        "prompt_ids": torch.randint(2, vocab_size, (size, prompt_length), generator=generator) * prompt_mask,
-        "prompt_mask": prompt_mask,
-        "completion_ids": completion_ids,
-        "completion_mask": completion_mask,
-        "advantages": torch.randn(size, generator=generator),
-    }
+    return MicroBatch(
+        prompt_ids=torch.randint(2, vocab_size, (size, prompt_length), generator=generator) * prompt_mask,
+        prompt_mask=prompt_mask,
+        completion_ids=completion_ids,
+        completion_mask=completion_mask,
+        advantages=torch.randn(size, generator=generator),
+    )
 
 
 def test_a_step_keeps_its_completions_and_each_micro_batch_is_cut_to_its_longest():
@@ -52,19 +53,19 @@ def test_a_step_keeps_its_completions_and_each_micro_batch_is_cut_to_its_longest
     grouped = split(batch, steps_per_generation=6, accumulation=3, by_length=True)
 
     def rows(micro_batches):  # each micro-batch's rows, as the advantages identify them
-        return [set(mb["advantages"].tolist()) for mb in micro_batches]
+        return [set(mb.advantages.tolist()) for mb in micro_batches]
 
     for step in range(2):  # the same completions in each optimizer step's 3 micro-batches
         assert set().union(*rows(plain)[step * 3 : step * 3 + 3]) == set().union(
             *rows(grouped)[step * 3 : step * 3 + 3]
         )
     for micro_batch in grouped[:3]:  # sorted by length within the step
-        lengths = micro_batch["completion_mask"].sum(1)
-        assert micro_batch["completion_ids"].shape[1] == lengths.max() == micro_batch["completion_mask"].shape[1]
-    step_lengths = [mb["completion_mask"].sum(1) for mb in grouped[:3]]
+        lengths = micro_batch.completion_mask.sum(1)
+        assert micro_batch.completion_ids.shape[1] == lengths.max() == micro_batch.completion_mask.shape[1]
+    step_lengths = [mb.completion_mask.sum(1) for mb in grouped[:3]]
     assert step_lengths[0].max() <= step_lengths[1].min() and step_lengths[1].max() <= step_lengths[2].min()
     for micro_batch in plain:  # cut to its own longest even when not grouped; prompts keep the batch's padding
-        assert micro_batch["completion_mask"][:, -1].any() and micro_batch["prompt_ids"].shape[1] == 3
+        assert micro_batch.completion_mask[:, -1].any() and micro_batch.prompt_ids.shape[1] == 3
 
 
 def step_gradient(policy_loss, model, micro_batches, reduction):
@@ -82,12 +83,12 @@ def test_grouping_by_length_keeps_the_gradient_of_the_step(registry, tiny_model,
     policy_loss = build_policy_loss(cfg, objective)
     model = AutoModelForCausalLM.from_pretrained(tiny_model)
     batch = generation_batch(model.config.vocab_size, size=16)
-    reduction = grpo_kit.Reduction(float(batch["completion_mask"].sum()), 4, 4, 1, objective.max_completion_length)
+    reduction = grpo_kit.Reduction(float(batch.completion_mask.sum()), 4, 4, 1, objective.max_completion_length)
     torch.manual_seed(0)
     plain = step_gradient(policy_loss, model, split(batch, 4, 4, by_length=False), reduction)
     torch.manual_seed(0)
     grouped_batches = split(batch, 4, 4, by_length=True)
-    widths = [mb["completion_ids"].shape[1] for mb in grouped_batches]
+    widths = [mb.completion_ids.shape[1] for mb in grouped_batches]
     assert sum(widths) < 4 * 12, "grouping saved no padding: the test would not mean anything"
     grouped = step_gradient(policy_loss, model, grouped_batches, reduction)
     for name, gradient in plain.items():
@@ -134,7 +135,7 @@ def test_the_first_pass_gives_the_old_log_probs_a_separate_forward_would(registr
     with torch.no_grad():
         separate, _ = policy_loss.logps(model, micro_batch)
     model.train()
-    reduction = grpo_kit.Reduction.whole_batch(micro_batch["completion_mask"], objective.max_completion_length)
+    reduction = grpo_kit.Reduction.whole_batch(micro_batch.completion_mask, objective.max_completion_length)
     out = policy_loss(model, micro_batch, reduction)
     assert not out.per_token_logps.requires_grad
     torch.testing.assert_close(out.per_token_logps, separate, atol=1e-6, rtol=0)
@@ -150,13 +151,13 @@ def test_a_run_with_two_iterations_trains_again_on_the_log_probs_of_its_first_pa
     original = Optimization.train_on
 
     def train_on(self, micro_batch, reduction, finite, ends_step):
-        key = str(micro_batch["completion_ids"].tolist())
+        key = str(micro_batch.completion_ids.tolist())
         if key not in seen:
-            assert "old_per_token_logps" not in micro_batch  # the first pass computes them
+            assert micro_batch.old_per_token_logps is None  # the first pass computes them
             with torch.no_grad():
                 seen[key], _ = self.policy_loss.logps(self.model, micro_batch)
         else:
-            torch.testing.assert_close(micro_batch["old_per_token_logps"], seen[key], atol=1e-6, rtol=0)
+            torch.testing.assert_close(micro_batch.old_per_token_logps, seen[key], atol=1e-6, rtol=0)
             checked.append(key)
         return original(self, micro_batch, reduction, finite, ends_step)
 
@@ -176,17 +177,17 @@ def test_a_run_with_two_iterations_trains_again_on_the_log_probs_of_its_first_pa
 def test_a_micro_batch_of_mixed_lengths_runs_as_two_forward_passes_with_the_same_values(tiny_model):
     model = AutoModelForCausalLM.from_pretrained(tiny_model)
     batch = generation_batch(model.config.vocab_size, size=8, length=12)
-    batch["completion_mask"][1::2, 3:] = 0  # four short completions between four up to 12 tokens long
-    groups = length_groups(batch["completion_mask"], prompt_length=3)
+    batch.completion_mask[1::2, 3:] = 0  # four short completions between four up to 12 tokens long
+    groups = length_groups(batch.completion_mask, prompt_length=3)
     assert len(groups) == 2 and set(groups[0].tolist()) == {1, 3, 5, 7}
 
     def values_and_gradients(forward):
         model.zero_grad(set_to_none=True)
         logps, entropies = forward(batch)
-        (logps * batch["completion_mask"]).sum().backward()
+        (logps * batch.completion_mask).sum().backward()
         return (
-            logps * batch["completion_mask"],
-            entropies * batch["completion_mask"],
+            logps * batch.completion_mask,
+            entropies * batch.completion_mask,
             [p.grad.clone() for p in model.parameters()],
         )
 
@@ -204,16 +205,16 @@ def test_similar_lengths_stay_one_forward_pass():
 
 
 def masked_pass(model, batch, temperature: float = 1.0):  # (B, T): one pass with the attention mask, as TRL runs it
-    input_ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)
-    attention_mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)
-    length = batch["completion_ids"].shape[1]
+    input_ids = torch.cat([batch.prompt_ids, batch.completion_ids], dim=1)
+    attention_mask = torch.cat([batch.prompt_mask, batch.completion_mask], dim=1)
+    length = batch.completion_ids.shape[1]
     logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, -length - 1 : -1] / temperature
-    return logits.log_softmax(dim=-1).gather(-1, batch["completion_ids"].unsqueeze(-1)).squeeze(-1)
+    return logits.log_softmax(dim=-1).gather(-1, batch.completion_ids.unsqueeze(-1)).squeeze(-1)
 
 
 def logps_and_gradients(model, batch, forward):
     model.zero_grad(set_to_none=True)
-    logps = forward(batch) * batch["completion_mask"]
+    logps = forward(batch) * batch.completion_mask
     logps.sum().backward()
     return logps, [parameter.grad.clone() for parameter in model.parameters()]
 
@@ -236,15 +237,15 @@ def test_rows_moved_left_need_no_attention_mask_and_give_the_masked_pass_values_
     model = AutoModelForCausalLM.from_pretrained(tiny_model)
     model.config.max_position_embeddings = 512  # RoPE's positions go on past the tiny model's 128
     batch = generation_batch(model.config.vocab_size, size=8, prompt_length=4, length=length)
-    batch["prompt_mask"][2, :3] = 0  # padding of 0, 1 and 3 tokens before the prompts
-    batch["completion_mask"][5] = 0  # a truncated completion that DAPO's masking took out
+    batch.prompt_mask[2, :3] = 0  # padding of 0, 1 and 3 tokens before the prompts
+    batch.completion_mask[5] = 0  # a truncated completion that DAPO's masking took out
     inputs, shift, longest_shift = model_inputs(model, batch)
     assert "attention_mask" not in inputs and shift.tolist() == [0, 1, 3, 0, 1, 0, 0, 1] and longest_shift == 3
     head = OutputHead(model)
 
     def from_hidden_states(part):
         logits = head(last_hidden_states(model, part, head)) / 0.7
-        return logits.log_softmax(dim=-1).gather(-1, part["completion_ids"].unsqueeze(-1)).squeeze(-1)
+        return logits.log_softmax(dim=-1).gather(-1, part.completion_ids.unsqueeze(-1)).squeeze(-1)
 
     expected = logps_and_gradients(model, batch, lambda part: masked_pass(model, part, 0.7))
     plain = logps_and_gradients(model, batch, lambda part: _logps_and_entropies_of_logits(model, part, 0.7, False)[0])
@@ -257,10 +258,10 @@ def test_rows_moved_left_need_no_attention_mask_and_give_the_masked_pass_values_
 def test_the_masked_pass_stays_where_moving_rows_would_not_do(tiny_model, case):
     model = AutoModelForCausalLM.from_pretrained(tiny_model)
     batch = generation_batch(model.config.vocab_size, size=6, prompt_length=4, length=8)
-    batch["prompt_mask"][2, :3] = 0
+    batch.prompt_mask[2, :3] = 0
     max_shift = None
     if case == "padding inside a row":
-        batch["completion_mask"][0, 2] = 0  # a token the completion holds but the model must not see
+        batch.completion_mask[0, 2] = 0  # a token the completion holds but the model must not see
     elif case == "positions past the model's last":
         model.config.max_position_embeddings = 4 + 8 + 2  # the moved padding would reach position 14
     else:
@@ -299,7 +300,7 @@ def test_each_speed_up_switched_off_gives_the_plain_values_without_it(
     model.config.max_position_embeddings = 512  # RoPE's positions go on past the tiny model's 128
     model.register_forward_pre_hook(record, with_kwargs=True)
     batch = generation_batch(model.config.vocab_size, size=8, prompt_length=4, length=250)
-    batch["completion_mask"][1::2, 100:] = 0  # four completions of at most 100 tokens: two length groups
+    batch.completion_mask[1::2, 100:] = 0  # four completions of at most 100 tokens: two length groups
     expected = logps_and_gradients(model, batch, lambda part: masked_pass(model, part, 0.7))
 
     def taken(speed_ups):

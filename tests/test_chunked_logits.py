@@ -128,9 +128,10 @@ def test_no_logits_tensor_larger_than_a_chunk_exists(registry, tiny_model):
 
     def train_step(policy_loss):
         with torch.no_grad():
-            batch["ref_per_token_logps"], _ = policy_loss.logps(model, batch)
-        reduction = half_a_generation_batch(batch, policy_loss.objective.max_completion_length, 1, 1)
-        policy_loss(model, batch, reduction).loss.backward()
+            ref, _ = policy_loss.logps(model, batch)
+        referenced = batch.with_references(ref_per_token_logps=ref)
+        reduction = half_a_generation_batch(referenced, policy_loss.objective.max_completion_length, 1, 1)
+        policy_loss(model, referenced, reduction).loss.backward()
 
     plain_shapes = largest_head_outputs(model, lambda: train_step(full))
     # (B, T + 1 + the longest prompt padding, V): what the chunked path does without
@@ -212,7 +213,7 @@ def test_a_lora_policy_and_its_adapter_free_reference(registry, tiny_model):
         ref_logps, _ = full.logps(reference, batch)
         torch.testing.assert_close(chunked.logps(reference, batch)[0], ref_logps, atol=TOLERANCE, rtol=0)
         assert (ref_logps - full.logps(model, batch)[0]).abs().max() > 1e-3  # the adapters were really off
-    batch["ref_per_token_logps"] = ref_logps
+    batch = batch.with_references(ref_per_token_logps=ref_logps)
     expected = loss_and_gradients(full, model, batch)
     assert expected[1] and all("lora" in name for name in expected[1])
     assert_same(expected, loss_and_gradients(chunked, model, batch))

@@ -4,7 +4,7 @@ generation and which keep those of their first training pass, and carries the we
 import torch
 
 import grpo_kit
-from grpo_kit.model.fast.mask_free import ROW_SPANS, RowSpans
+from grpo_kit.contract.micro_batch import MicroBatch, RowSpans
 from grpo_kit.testing import tiny_run
 from grpo_kit.training.batches import GenerationBatch, GenerationBatches
 
@@ -18,7 +18,7 @@ def test_a_batch_spanning_two_steps_gets_old_log_probs_where_the_policy_moves_fi
     def make(self, *args, **kwargs):
         batch = original(self, *args, **kwargs)
         made.append(
-            (batch, set(batch.old_from_first_pass), ["old_per_token_logps" in mb for mb in batch.micro_batches])
+            (batch, set(batch.old_from_first_pass), [mb.old_per_token_logps is not None for mb in batch.micro_batches])
         )
         return batch
 
@@ -38,15 +38,16 @@ def test_a_batch_spanning_two_steps_gets_old_log_probs_where_the_policy_moves_fi
     for batch, awaiting, has_old in made:
         assert awaiting == {0, 1} and has_old == [False, False, True, True]  # the step before 2 and 3 moves it
         assert batch.old_from_first_pass == set()  # the first pass of 0 and 1 gave theirs
-        assert all("old_per_token_logps" in mb for mb in batch.micro_batches)
-        assert all(isinstance(mb[ROW_SPANS], RowSpans) for mb in batch.micro_batches)  # read once, for every pass
-        tokens = sum(float(mb["completion_mask"].sum()) for mb in batch.micro_batches)
+        assert all(mb.old_per_token_logps is not None for mb in batch.micro_batches)
+        assert all(isinstance(mb.row_spans, RowSpans) for mb in batch.micro_batches)  # read once, for every pass
+        tokens = sum(float(mb.completion_mask.sum()) for mb in batch.micro_batches)
         assert batch.reduction.num_items_in_batch == tokens
         assert (batch.reduction.gradient_accumulation_steps, batch.reduction.steps_per_generation) == (2, 4)
 
 
 def test_a_saved_batch_loads_as_it_was():
-    micro_batches = [{"completion_ids": torch.arange(6).view(2, 3), "advantages": torch.tensor([0.5, -0.5])}]
+    ids = torch.arange(6).view(2, 3)
+    micro_batches = [MicroBatch(ids[:, :1], torch.ones(2, 1), ids, torch.ones(2, 3), torch.tensor([0.5, -0.5]))]
     reduction = grpo_kit.Reduction(5.0, 1, 1, 1, 3)
     batch = GenerationBatch(
         micro_batches, reduction, {"reward": 0.25}, weight_version=3, tokens=11, old_from_first_pass={0}
@@ -59,4 +60,6 @@ def test_a_saved_batch_loads_as_it_was():
         11,
     )
     assert loaded.old_from_first_pass == {0}
-    torch.testing.assert_close(loaded.micro_batches, micro_batches)
+    torch.testing.assert_close(
+        [batch.state_dict() for batch in loaded.micro_batches], [batch.state_dict() for batch in micro_batches]
+    )

@@ -8,6 +8,7 @@ import torch
 import grpo_kit
 from grpo_kit.contract.errors import ConfigError
 from grpo_kit.objective.objective import high_entropy_mask, off_policy_mask
+from grpo_kit.testing.micro_batches import objective_batch
 
 MASK = torch.tensor([[1, 1, 0], [1, 1, 1]])
 
@@ -16,8 +17,8 @@ def objective(registry, *overrides):
     return grpo_kit.build_objective(grpo_kit.compose(["+loss=bnpo", *overrides], registry), registry)
 
 
-def on_policy_batch(**extra):
-    return {"completion_mask": MASK, "advantages": torch.tensor([1.0, -1.0]), **extra}
+def on_policy_batch(advantages=(1.0, -1.0), **extra):
+    return objective_batch(MASK, torch.tensor(advantages), **extra)
 
 
 def test_on_policy_bnpo_is_minus_the_mean_advantage_per_token(registry):
@@ -33,7 +34,7 @@ def test_k3_kl_and_its_bias_correction(registry):
     logps = torch.zeros(2, 3)
     ref = torch.full((2, 3), -0.5)
     old = torch.full((2, 3), -0.2)
-    batch = on_policy_batch(ref_per_token_logps=ref, old_per_token_logps=old, advantages=torch.zeros(2))
+    batch = on_policy_batch(ref_per_token_logps=ref, old_per_token_logps=old, advantages=(0.0, 0.0))
     kl = torch.exp(torch.tensor(-0.5)) + 0.5 - 1  # k3 at ref - logp = -0.5
     plain = objective(registry, "algorithm.beta=0.1", "algorithm.use_bias_correction_kl=false")(
         logps, torch.ones(2, 3), batch
@@ -101,19 +102,14 @@ def test_token_normalised_losses_give_the_same_gradient_whole_or_accumulated(reg
     torch.manual_seed(0)
     logps = -torch.rand(8, 5)
     mask = (torch.arange(5) < torch.randint(1, 6, (8, 1))).int()
-    batch = {
-        "completion_mask": mask,
-        "advantages": torch.randn(8),
-        "old_per_token_logps": logps + 0.2 * torch.randn(8, 5),
-    }
+    batch = objective_batch(mask, torch.randn(8), old_per_token_logps=logps + 0.2 * torch.randn(8, 5))
     run = grpo_kit.build_objective(grpo_kit.compose([f"+loss={loss}"], registry), registry)
 
     def gradient(chunks):
         reduction = grpo_kit.Reduction(float(mask.sum()), chunks, chunks, 1, run.max_completion_length)
         leaf = logps.clone().requires_grad_()
         for rows in torch.arange(8).chunk(chunks):
-            micro = {k: v[rows] for k, v in batch.items()}
-            run(leaf[rows], torch.ones(len(rows), 5), micro, reduction).loss.backward()
+            run(leaf[rows], torch.ones(len(rows), 5), batch.rows(rows), reduction).loss.backward()
         return leaf.grad
 
     torch.testing.assert_close(gradient(1), gradient(4))

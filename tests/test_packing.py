@@ -2,6 +2,8 @@
 log-probs, entropies and gradients of the padded pass, on every logits path; models that would give other values
 refused."""
 
+import dataclasses
+
 import pytest
 import torch
 from transformers import AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel
@@ -22,15 +24,14 @@ TOLERANCE = 1e-5
 def mixed_batch(vocab_size: int):
     """Prompts of 2 to 6 tokens (left-padded), completions of 1 to 12: rows that pack together."""
     batch = generation_batch(vocab_size, size=8, prompt_length=6, length=12, seed=3)
-    batch["prompt_mask"][:, :4] = torch.tensor([[0, 0, 0, 0], [0, 0, 1, 1], [1, 1, 1, 1], [0, 1, 1, 1]]).repeat(2, 1)
-    batch["prompt_ids"] = batch["prompt_ids"] * batch["prompt_mask"]
-    return batch
+    batch.prompt_mask[:, :4] = torch.tensor([[0, 0, 0, 0], [0, 0, 1, 1], [1, 1, 1, 1], [0, 1, 1, 1]]).repeat(2, 1)
+    return dataclasses.replace(batch, prompt_ids=batch.prompt_ids * batch.prompt_mask)
 
 
 def test_sequences_share_rows_and_positions_restart_for_each():
     batch = mixed_batch(vocab_size=20)
     packed = pack(batch)
-    lengths = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1).sum(1)
+    lengths = torch.cat([batch.prompt_mask, batch.completion_mask], dim=1).sum(1)
     rows, capacity = packed.inputs["input_ids"].shape
     assert capacity == lengths.max() and rows < len(lengths), "nothing was packed: the test would mean nothing"
     assert int(packed.real.sum()) == int(lengths.sum())  # every real token once, no padding inside
@@ -51,11 +52,13 @@ def test_packed_passes_give_the_padded_log_probs_and_gradients(registry, tiny_mo
     policy_loss = build_policy_loss(cfg, objective)
     model = AutoModelForCausalLM.from_pretrained(tiny_model)
     batch = mixed_batch(model.config.vocab_size)
-    mask = batch["completion_mask"]
+    mask = batch.completion_mask
     with torch.no_grad():
         padded_logps, padded_entropies = policy_loss.logps(model, batch)
-    batch["old_per_token_logps"] = padded_logps + 0.1 * torch.randn(padded_logps.shape)
-    batch["ref_per_token_logps"] = padded_logps - 0.1 * torch.randn(padded_logps.shape)
+    batch = batch.with_references(
+        old_per_token_logps=padded_logps + 0.1 * torch.randn(padded_logps.shape),
+        ref_per_token_logps=padded_logps - 0.1 * torch.randn(padded_logps.shape),
+    )
     padded = loss_and_gradients(policy_loss, model, batch)
     use_packing(model)
     with torch.no_grad():
@@ -79,5 +82,5 @@ def test_a_model_with_absolute_positions_is_refused_at_its_first_packed_pass():
 
 def test_a_row_with_padding_inside_runs_padded():
     batch = mixed_batch(vocab_size=20)
-    batch["completion_mask"][0, 1] = 0
+    batch.completion_mask[0, 1] = 0
     assert pack(batch) is None

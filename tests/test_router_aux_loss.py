@@ -17,7 +17,12 @@ from grpo_kit.contract.errors import ConfigError
 from grpo_kit.model.fast.length_groups import length_groups
 from grpo_kit.objective.policy_loss import PolicyLoss, build_policy_loss
 from grpo_kit.testing import tiny_run
-from grpo_kit.testing.micro_batches import half_a_generation_batch, loss_and_gradients, random_micro_batch
+from grpo_kit.testing.micro_batches import (
+    half_a_generation_batch,
+    loss_and_gradients,
+    random_micro_batch,
+    trl_inputs,
+)
 from grpo_kit.testing.models import MIXTURES_OF_EXPERTS, build_tiny_moe_model
 
 ACCUMULATION, LENGTH, TEMPERATURE = 2, 12, 0.9
@@ -32,15 +37,15 @@ def micro_batch(model):
     """Rows of very different lengths, so that the policy's pass runs as two (grpo_kit/model/fast/length_groups.py),
     and a left-padded prompt, so that rows are moved: the loss must still be one masked pass's."""
     batch = random_micro_batch(model.config.vocab_size, batch_size=8, length=LENGTH, seed=3)
-    batch["completion_mask"][4:, 3:] = 0
-    assert len(length_groups(batch["completion_mask"], batch["prompt_ids"].shape[1])) == 2
+    batch.completion_mask[4:, 3:] = 0
+    assert len(length_groups(batch.completion_mask, batch.prompt_ids.shape[1])) == 2
     return batch
 
 
 def trl_loss_and_gradients(trl, model, batch, reduction, coef):
     """TRL's `_compute_loss` with its own forward pass (`add_fused_lm_head`) on a copy of `model`; TRL reads the
     generation batch's token count from the batch."""
-    batch = batch | {"num_items_in_batch": torch.tensor(reduction.num_items_in_batch)}
+    batch = trl_inputs(batch) | {"num_items_in_batch": torch.tensor(reduction.num_items_in_batch)}
     model = copy.deepcopy(model)
     trl.trainer.utils.add_fused_lm_head(model, temperature=TEMPERATURE, outputs=("log_probs", "entropy"))
     dapo = dict(loss_type="dapo", epsilon_low=0.2, epsilon_high=0.28, beta=0.0, importance_sampling_level="token")

@@ -26,9 +26,9 @@ STEPS, ACCUMULATION = 4, 4  # micro-steps in the generation batch, and in an opt
 def accumulated_gradient(policy_loss, model, budget: TokenBudget, batch, max_completion_length: int):
     """One optimizer step's accumulated gradient through Optimization.train_on (the step itself left out), and
     the number of forward passes each micro-step took."""
-    rows_per_micro_batch = None if budget.max_tokens is None else len(batch["advantages"]) / STEPS
+    rows_per_micro_batch = None if budget.max_tokens is None else len(batch.advantages) / STEPS
     reduction = grpo_kit.Reduction(
-        float(batch["completion_mask"].sum()), ACCUMULATION, STEPS, 1, max_completion_length, rows_per_micro_batch
+        float(batch.completion_mask.sum()), ACCUMULATION, STEPS, 1, max_completion_length, rows_per_micro_batch
     )
     optimization = Optimization(model, None, None, Accelerator(cpu=True), policy_loss, 1.0, budget=budget)
     model.zero_grad(set_to_none=True)
@@ -77,15 +77,15 @@ def test_micro_batches_fit_the_budget_shortest_first_and_a_long_row_goes_alone()
     budget = TokenBudget(max_tokens=40, packing=False)
     torch.manual_seed(0)
     micro_steps = split(batch, STEPS, ACCUMULATION, by_length=False, budget=budget)
-    rows = sorted(row for micro_batch in micro_steps for row in micro_batch["advantages"].tolist())
-    assert rows == sorted(batch["advantages"].tolist())  # every completion once
+    rows = sorted(row for micro_batch in micro_steps for row in micro_batch.advantages.tolist())
+    assert rows == sorted(batch.advantages.tolist())  # every completion once
     sizes = []
     for micro_batch in micro_steps:
         for part in budget.parts(micro_batch):
-            width = part["completion_ids"].shape[1]
-            assert width == int(part["completion_mask"].sum(1).max())  # cut to its own longest
-            assert len(part["advantages"]) * (3 + width) <= 40 or len(part["advantages"]) == 1
-            sizes.append(len(part["advantages"]))
+            width = part.completion_ids.shape[1]
+            assert width == int(part.completion_mask.sum(1).max())  # cut to its own longest
+            assert len(part.advantages) * (3 + width) <= 40 or len(part.advantages) == 1
+            sizes.append(len(part.advantages))
     assert max(sizes) > 4 > min(sizes), "short completions share a micro-batch, long ones get few rows"
     lone = TokenBudget(max_tokens=5, packing=False)  # every row is over it
     assert all(len(group) == 1 for group in lone.groups(micro_steps[0]))
@@ -95,7 +95,7 @@ def test_a_budget_larger_than_the_step_still_gives_each_micro_step_completions()
     batch = generation_batch(vocab_size=20, size=16)
     torch.manual_seed(0)
     micro_steps = split(batch, STEPS, ACCUMULATION, by_length=False, budget=TokenBudget(10**6, False))
-    assert [len(micro_batch["advantages"]) for micro_batch in micro_steps] == [4, 4, 4, 4]
+    assert [len(micro_batch.advantages) for micro_batch in micro_steps] == [4, 4, 4, 4]
 
 
 def test_a_budget_that_would_change_the_gradient_is_refused(registry):

@@ -14,6 +14,7 @@ from grpo_kit.contract.kinds import Completions
 from grpo_kit.embedded.tool_use import build_tokenizer
 from grpo_kit.rollout.tool_use import ToolUse
 from grpo_kit.testing import tiny_run
+from grpo_kit.testing.micro_batches import objective_batch
 from grpo_kit.testing.models import build_tiny_model
 
 TOKENIZER = build_tokenizer()
@@ -241,13 +242,13 @@ def test_tool_result_tokens_get_no_gradient():
         objective = grpo_kit.build_objective(grpo_kit.compose([f"+loss={loss}", "algorithm.beta=0.04"]))
         results = []
         for perturbation in (0.0, 3.0):
-            batch = {
-                "completion_mask": completion_mask,
-                "tool_mask": tool_mask,
-                "advantages": torch.tensor([1.0, -0.5, 0.3, -1.2]),
-                "old_per_token_logps": old + perturbation * tool,
-                "ref_per_token_logps": old - perturbation * tool,
-            }
+            batch = objective_batch(
+                completion_mask,
+                torch.tensor([1.0, -0.5, 0.3, -1.2]),
+                tool_mask=tool_mask,
+                old_per_token_logps=old + perturbation * tool,
+                ref_per_token_logps=old - perturbation * tool,
+            )
             logps = (base + perturbation * tool).requires_grad_()
             out = objective(logps, torch.zeros(4, 6), batch)
             out.loss.backward()

@@ -20,6 +20,9 @@ from accelerate import Accelerator
 from omegaconf import open_dict
 
 import grpo_kit
+from grpo_kit.contract.micro_batch import MicroBatch
+from grpo_kit.objective.sampler_correction import SamplerCorrection
+from grpo_kit.testing.micro_batches import objective_batch, trl_inputs
 
 LOSSES = ["grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "luspo", "vespo"]
 CORRECTIONS = ["none", "token_truncate", "token_mask", "sequence_truncate", "sequence_mask"]
@@ -35,16 +38,18 @@ def random_batch(seed: int):
     mask = (torch.arange(T).unsqueeze(0) < torch.tensor(LENGTHS).unsqueeze(1)).int()
     logps = -torch.rand(B, T, generator=generator) * 2 - 0.05
     noise = lambda scale: scale * torch.randn(B, T, generator=generator)  # noqa: E731
-    batch = {
-        "prompt_ids": torch.ones(B, 2, dtype=torch.long),
-        "prompt_mask": torch.ones(B, 2, dtype=torch.long),
-        "completion_ids": torch.ones(B, T, dtype=torch.long),
-        "completion_mask": mask,
-        "advantages": torch.tensor([1.3, -0.7, 0.4, -1.1]),
-        "old_per_token_logps": logps + noise(0.3),
-        "ref_per_token_logps": logps + noise(0.5),
-    }
-    batch["sampling_per_token_logps"] = batch["old_per_token_logps"] + noise(0.4)
+    old_per_token_logps = logps + noise(0.3)
+    ref_per_token_logps = logps + noise(0.5)
+    batch = MicroBatch(
+        prompt_ids=torch.ones(B, 2, dtype=torch.long),
+        prompt_mask=torch.ones(B, 2, dtype=torch.long),
+        completion_ids=torch.ones(B, T, dtype=torch.long),
+        completion_mask=mask,
+        advantages=torch.tensor([1.3, -0.7, 0.4, -1.1]),
+        old_per_token_logps=old_per_token_logps,
+        ref_per_token_logps=ref_per_token_logps,
+        sampling_per_token_logps=old_per_token_logps + noise(0.4),
+    )
     entropies = torch.rand(B, T, generator=generator) * 3
     return logps, entropies, batch
 
@@ -243,7 +248,7 @@ def settings():
 @pytest.mark.parametrize("level", ["token", "sequence"])
 @pytest.mark.parametrize("loss", LOSSES)
 def test_loss_and_gradient_equal_trl(registry, trl, loss, level, correction):
-    """Each side's loss gets its own rollout-correction ratio: ours from `objective.rollout_correction`, TRL's
+    """Each side's loss gets its own rollout-correction ratio: ours from `SamplerCorrection.ratio`, TRL's
     from its generation-batch scoring."""
     if loss == "vespo" and correction.startswith("sequence"):
         pytest.skip("TRL and grpo_kit both reject vespo with a sequence-level correction")
@@ -262,16 +267,17 @@ def test_loss_and_gradient_equal_trl(registry, trl, loss, level, correction):
                 cfg.loss.delta = setting["delta"]
                 cfg.loss.epsilon_high = 0.28 if seed % 2 else None
         objective = grpo_kit.build_objective(cfg, registry)
-        logps, entropies, batch = random_batch(seed)
-        old, sampling, mask = batch["old_per_token_logps"], batch["sampling_per_token_logps"], batch["completion_mask"]
-        ours_batch, theirs_batch = dict(batch), dict(batch)
+        logps, entropies, ours_batch = random_batch(seed)
+        old, sampling = ours_batch.old_per_token_logps, ours_batch.sampling_per_token_logps
+        mask = ours_batch.completion_mask
+        theirs_batch = trl_inputs(ours_batch)
         num_items_in_batch = float(mask.sum() * 3)  # this micro-batch is part of a larger generation batch
         theirs_batch["num_items_in_batch"] = torch.tensor(num_items_in_batch)  # where TRL reads it
-        ratio = objective.rollout_correction(old, sampling, mask)
+        ratio = SamplerCorrection.of(cfg, registry).ratio(ours_batch)
         corrected = ratio is not None
         assert corrected == (correction != "none")
         if corrected:
-            ours_batch["importance_sampling_ratio"] = ratio
+            ours_batch = ours_batch.with_references(importance_sampling_ratio=ratio)
             theirs_batch["importance_sampling_ratio"] = trl_correction_ratio(
                 trl, cfg.rollout_correction, old, sampling, mask
             )
@@ -335,7 +341,8 @@ def test_rollout_correction_ratio_equals_trl(registry, trl, correction, low, hig
     ]
     cfg = grpo_kit.compose([f"rollout_correction={correction}", *bounds], registry)
     old, sampling, mask = correction_inputs()
-    ours = grpo_kit.build_objective(cfg, registry).rollout_correction(old, sampling, mask)
+    batch = objective_batch(mask, torch.zeros(len(mask)), old_per_token_logps=old, sampling_per_token_logps=sampling)
+    ours = SamplerCorrection.of(cfg, registry).ratio(batch)
     theirs = trl_correction_ratio(trl, cfg.rollout_correction, old, sampling, mask)
     torch.testing.assert_close(ours, theirs, atol=1e-6, rtol=1e-6)
     active = theirs if correction.startswith("sequence") else theirs[mask.bool()]

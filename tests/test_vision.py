@@ -16,6 +16,7 @@ import grpo_kit
 from grpo_kit.config.compose import options
 from grpo_kit.config.schema import DataConfig, LoraConfig, ModelConfig
 from grpo_kit.contract.errors import ConfigError
+from grpo_kit.contract.micro_batch import MicroBatch
 from grpo_kit.model.fast.chunked_logits import chunked_logps_and_entropies
 from grpo_kit.model.loading import load_model, load_processor
 from grpo_kit.model.logprobs import OutputHead, last_hidden_states, per_token_logps_and_entropies
@@ -76,25 +77,25 @@ def batch(prompts_of_model, rows):
     generator = torch.Generator().manual_seed(0)
     lengths = torch.tensor([6, 2, 5, 1])
     vocab = len(tokenizer)
-    return {
-        "prompt_ids": padded["input_ids"],
-        "prompt_mask": padded["attention_mask"],
-        "completion_ids": torch.randint(6, vocab, (4, 6), generator=generator),  # no image token among them
-        "completion_mask": (torch.arange(6) < lengths[:, None]).long(),
-        "advantages": torch.tensor([1.0, -0.5, 0.25, -1.0]),
+    return MicroBatch(
+        prompt_ids=padded["input_ids"],
+        prompt_mask=padded["attention_mask"],
+        completion_ids=torch.randint(6, vocab, (4, 6), generator=generator),  # no image token among them
+        completion_mask=(torch.arange(6) < lengths[:, None]).long(),
+        advantages=torch.tensor([1.0, -0.5, 0.25, -1.0]),
         **prompts_of_model.row_tensors(rows),
-    }
+    )
 
 
 @pytest.fixture(scope="module")
 def direct(policy, prompts_of_model, rows, batch):
     """Each row's completion log-probs from a call of the model on that row alone: its prompt unpadded, its own
     pixels and grids as the processor gives them for it alone."""
-    expected = torch.zeros(batch["completion_ids"].shape)
+    expected = torch.zeros(batch.completion_ids.shape)
     for row, data in enumerate(rows):
         prompt_ids, images = prompts_of_model.encode([data])
-        length = int(batch["completion_mask"][row].sum())
-        input_ids = torch.tensor([prompt_ids[0] + batch["completion_ids"][row, :length].tolist()])
+        length = int(batch.completion_mask[row].sum())
+        input_ids = torch.tensor([prompt_ids[0] + batch.completion_ids[row, :length].tolist()])
         extra = {} if images is None else images.forward_kwargs(policy, input_ids)
         with torch.no_grad():
             logits = policy(input_ids=input_ids, **extra).logits[0, len(prompt_ids[0]) - 1 : -1]
@@ -102,22 +103,22 @@ def direct(policy, prompts_of_model, rows, batch):
     return expected
 
 
-def masked(values, batch):
-    return values * batch["completion_mask"]
+def masked(values, completion_mask):
+    return values * completion_mask
 
 
-def assert_matches(actual, direct, batch):
+def assert_matches(actual, direct, completion_mask):
     width = actual.shape[1]
-    difference = (masked(actual, {"completion_mask": batch["completion_mask"][:, :width]}) - direct[:, :width]).abs()
+    difference = (masked(actual, completion_mask[:, :width]) - direct[:, :width]).abs()
     assert difference.max().item() <= TOLERANCE, f"differs from the direct call by {difference.max().item():.3g}"
 
 
 def test_the_images_change_the_log_probs(policy, batch, direct):
     """Without this, every test below could pass with the images dropped."""
-    without_images = {name: tensor for name, tensor in batch.items() if name not in ("pixel_values", "image_grid_thw")}
+    without_images = dataclasses.replace(batch, pixel_values=None, image_grid_thw=None)
     with torch.no_grad():
         blind, _ = per_token_logps_and_entropies(policy, without_images, 1.0)
-    assert (masked(blind, batch) - direct).abs().max() > 1e-2
+    assert (masked(blind, batch.completion_mask) - direct).abs().max() > 1e-2
 
 
 @pytest.mark.parametrize("length_groups", [True, False])
@@ -131,41 +132,42 @@ def test_full_logits_path(policy, batch, direct, length_groups):
             logps, _ = per_token_logps_and_entropies(policy, batch, 1.0)
     finally:
         use_speed_ups(policy, saved)
-    assert_matches(logps, direct, batch)
+    assert_matches(logps, direct, batch.completion_mask)
 
 
 def test_chunked_logits_path(policy, batch, direct):
     with torch.no_grad():
         logps, _ = per_token_logps_and_entropies(policy, batch, 1.0, chunk_size=3)
-    assert_matches(logps, direct, batch)
+    assert_matches(logps, direct, batch.completion_mask)
 
 
 def test_each_micro_batch_of_a_split_batch(policy, batch, direct):
-    """Micro-batches (shuffled rows) and token-budget parts take each row's own images."""
+    """Micro-batches (shuffled rows) and token-budget parts take each row's own images. Each row's advantage is its
+    index, which no log-prob reads, so that each micro-batch names its rows."""
     torch.manual_seed(0)
     rows_seen = []
-    for micro_batch in split(batch | {"row": torch.arange(4)}, 2, 1, by_length=False):
+    numbered = dataclasses.replace(batch, advantages=torch.arange(4.0))
+    for micro_batch in split(numbered, 2, 1, by_length=False):
         parts = lambda part: per_token_logps_and_entropies(policy, part, 1.0)[0]  # noqa: E731
         with torch.no_grad():
             logps = in_parts(parts, micro_batch, TokenBudget(max_tokens=3, packing=False))
-        assert_matches(
-            logps, direct[micro_batch["row"]], {"completion_mask": batch["completion_mask"][micro_batch["row"]]}
-        )
-        rows_seen += micro_batch["row"].tolist()
+        rows = micro_batch.advantages.long()
+        assert_matches(logps, direct[rows], batch.completion_mask[rows])
+        rows_seen += rows.tolist()
     assert sorted(rows_seen) == [0, 1, 2, 3]
 
 
 def test_reference_copy_and_adapter_free_reference(policy, vision_model, batch, direct):
     reference = copy.deepcopy(policy)
     with torch.no_grad():
-        assert_matches(per_token_logps_and_entropies(reference, batch, 1.0)[0], direct, batch)
+        assert_matches(per_token_logps_and_entropies(reference, batch, 1.0)[0], direct, batch.completion_mask)
     if importlib.util.find_spec("peft") is None:
         pytest.skip("peft is not installed (the lora extra)")
     config = ModelConfig(name_or_path=str(vision_model), lora=LoraConfig(enabled=True))
     lora_policy, _ = load_model(config)
     with torch.no_grad():
         logps, _ = per_token_logps_and_entropies(AdapterFreeReference(lora_policy.eval()), batch, 1.0)
-    assert_matches(logps, direct, batch)
+    assert_matches(logps, direct, batch.completion_mask)
 
 
 def test_lora_adapts_the_language_model_alone_unless_asked(vision_model):
@@ -219,8 +221,8 @@ def test_last_hidden_states_carry_the_images(policy, batch, direct):
     head = OutputHead(policy)
     with torch.no_grad():
         hidden = last_hidden_states(policy, batch, head)
-        logps, _ = chunked_logps_and_entropies(hidden, head, batch["completion_ids"], 1.0, chunk_size=2)
-    assert_matches(logps, direct, batch)
+        logps, _ = chunked_logps_and_entropies(hidden, head, batch.completion_ids, 1.0, chunk_size=2)
+    assert_matches(logps, direct, batch.completion_mask)
 
 
 # --- bad images are refused, naming the row and the column ---

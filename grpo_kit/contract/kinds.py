@@ -200,6 +200,10 @@ class Completions:
     tool_calls: torch.Tensor | None = None  # (N,)
     tool_failures: torch.Tensor | None = None  # (N,)
 
+    def written_mask(self) -> torch.Tensor:  # (N, T)
+        """The tokens the model wrote itself: the completion's, less what tools wrote into it."""
+        return self.completion_mask if self.tool_mask is None else self.completion_mask * self.tool_mask
+
 
 @dataclass
 class PromptImages:

@@ -18,6 +18,7 @@ import contextlib
 
 import torch
 
+from grpo_kit.contract.micro_batch import MicroBatch
 from grpo_kit.model import vision
 from grpo_kit.model.fast.causal_attention import chunked_causal_attention_on_cpu
 from grpo_kit.model.fast.chunked_logits import chunked_logps_and_entropies
@@ -35,7 +36,7 @@ HEAD_CHECKED = "_grpo_kit_head_checked"  # set on a model whose head was found t
 
 def per_token_logps_and_entropies(
     model,
-    batch: dict[str, torch.Tensor],
+    batch: MicroBatch,
     temperature: float,
     entropy_grad: bool = False,
     chunk_size: int | None = None,
@@ -52,7 +53,7 @@ def per_token_logps_and_entropies(
     if chunk_size is not None:
         head = OutputHead(model)
         hidden = last_hidden_states(model, batch, head, router)
-        ids = batch["completion_ids"]
+        ids = batch.completion_ids
         if vocab_tile is not None and why_not_tiled(head) is None:
             return tiled_logps_and_entropies(hidden, head, ids, temperature, entropy_grad, chunk_size, vocab_tile)
         return chunked_logps_and_entropies(hidden, head, ids, temperature, entropy_grad, chunk_size)
@@ -60,7 +61,7 @@ def per_token_logps_and_entropies(
     if packed is not None:
         head = OutputHead(model)
         hidden = packed_hidden_states(model, batch, packed, head, router)
-        return _logps_and_entropies_of_hidden(hidden, head, batch["completion_ids"], temperature, entropy_grad)
+        return _logps_and_entropies_of_hidden(hidden, head, batch.completion_ids, temperature, entropy_grad)
 
     def logits_pass(part):
         return _logps_and_entropies_of_logits(model, part, temperature, entropy_grad, router)
@@ -69,9 +70,9 @@ def per_token_logps_and_entropies(
 
 
 def _logps_and_entropies_of_logits(model, batch, temperature: float, entropy_grad: bool, router=None):  # (B, T), (B, T)
-    completion_ids = batch["completion_ids"]
+    completion_ids = batch.completion_ids
     length = completion_ids.shape[1]
-    width = batch["prompt_ids"].shape[1] + length
+    width = batch.prompt_ids.shape[1] + length
     vocab = unwrapped(model).config.get_text_config().vocab_size
     inputs, shift, longest_shift = model_inputs(model, batch, max_shift=longest_move_for_logits(width, vocab))
     if router is not None:
@@ -98,15 +99,15 @@ def _logps_and_entropies_of_hidden(hidden, head, completion_ids, temperature: fl
 
 
 def model_inputs(
-    model, batch: dict[str, torch.Tensor], max_shift: int | None = None
+    model, batch: MicroBatch, max_shift: int | None = None
 ) -> tuple[dict[str, torch.Tensor], torch.Tensor, int]:
     """The model's inputs for one pass over the prompts and completions of `batch`, how far each row was moved left
     (B,), and the farthest any row may have moved (an int the host knows without reading the batch), both for
     `completion_columns`: the prompts (padded on the left) and completions (on the right) side by side with their
     attention mask, rows unmoved; where the model takes mask-free passes, rows moved left instead, by at most
     `max_shift` (fast/mask_free.py)."""
-    input_ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)  # (B, W)
-    attention_mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)  # (B, W)
+    input_ids = torch.cat([batch.prompt_ids, batch.completion_ids], dim=1)  # (B, W)
+    attention_mask = torch.cat([batch.prompt_mask, batch.completion_mask], dim=1)  # (B, W)
     images = vision.model_kwargs(batch, input_ids, unwrapped(model))
     # A vision-language model numbers its positions from the attention mask itself (M-RoPE): rows stay in place.
     if speed_ups(model).mask_free_passes and not images:
@@ -185,10 +186,10 @@ class RouterLoads:
         return load_balancing_loss_func(per_layer, self.num_experts, self.top_k, torch.cat(self.masks)[None])
 
 
-def _real_tokens(batch: dict[str, torch.Tensor], shift: torch.Tensor) -> torch.Tensor:  # (B, W)
+def _real_tokens(batch: MicroBatch, shift: torch.Tensor) -> torch.Tensor:  # (B, W)
     """1 on the prompt and completion tokens, in the layout `model_inputs` gave the pass (each row moved left by
     `shift`, its padding wrapped to its end)."""
-    attention_mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)
+    attention_mask = torch.cat([batch.prompt_mask, batch.completion_mask], dim=1)
     width = attention_mask.shape[1]
     columns = torch.arange(width, device=attention_mask.device)
     return attention_mask.gather(1, (columns + shift[:, None]) % width)
@@ -231,9 +232,7 @@ class OutputHead:
             self.autocast = (device_type, torch.get_autocast_dtype(device_type))
 
 
-def last_hidden_states(
-    model, batch: dict[str, torch.Tensor], head: OutputHead, router=None
-) -> torch.Tensor:  # (B, T, H)
+def last_hidden_states(model, batch: MicroBatch, head: OutputHead, router=None) -> torch.Tensor:  # (B, T, H)
     """The final hidden states at the T positions that predict the completion tokens, from forward passes that
     compute the logits of the last position only.
 
@@ -254,10 +253,10 @@ def last_hidden_states(
     return in_passes(model, hidden_pass, batch)
 
 
-def in_passes(model, forward, batch: dict[str, torch.Tensor]):
+def in_passes(model, forward, batch: MicroBatch):
     """`forward(batch)` as the padded path runs it: in length groups where they apply, each pass's width rounded up to
     model.pad_to_multiple_of."""
-    device = batch["completion_ids"].device
+    device = batch.completion_ids.device
     multiple = width_multiple(speed_ups(model).pad_to_multiple_of, device)
 
     def one_pass(part):
@@ -266,13 +265,13 @@ def in_passes(model, forward, batch: dict[str, torch.Tensor]):
     return in_length_groups(one_pass, batch) if takes_length_groups(speed_ups(model), device) else one_pass(batch)
 
 
-def _last_hidden_states(model, batch: dict[str, torch.Tensor], head: OutputHead, router=None) -> torch.Tensor:
+def _last_hidden_states(model, batch: MicroBatch, head: OutputHead, router=None) -> torch.Tensor:
     inputs, shift, longest_shift = model_inputs(model, batch)
     out = _hidden_pass(model, inputs, head, router)
     if router is not None:
         router.add(out.router_logits, _real_tokens(batch, shift))
     hidden = out.hidden_states[-1]  # (B, P + T, H), after the final norm
-    length = batch["completion_ids"].shape[1]
+    length = batch.completion_ids.shape[1]
     rows, columns = completion_columns(shift, length, longest_shift)
     return hidden[:, -(length + 1 + longest_shift) : -1][rows, columns]  # position t predicts completion token t
 

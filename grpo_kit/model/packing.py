@@ -27,6 +27,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from grpo_kit.contract.errors import ConfigError
+from grpo_kit.contract.micro_batch import MicroBatch
 from grpo_kit.model.fast.switches import speed_ups_of, use_speed_ups
 
 log = logging.getLogger(__name__)
@@ -49,12 +50,12 @@ class PackedRows:
     predicted: torch.Tensor  # (B, T) bool: the completion tokens that have a predictor (the others are padding)
 
 
-def pack(batch: dict[str, torch.Tensor], capacity: int | None = None) -> PackedRows | None:
+def pack(batch: MicroBatch, capacity: int | None = None) -> PackedRows | None:
     """`batch`'s sequences packed into rows of `capacity` tokens (None: its longest sequence's); None where a row's
     tokens are not one span that starts in its prompt."""
-    prompt_width = batch["prompt_ids"].shape[1]
-    input_ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)  # (B, W)
-    attention = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)  # (B, W)
+    prompt_width = batch.prompt_ids.shape[1]
+    input_ids = torch.cat([batch.prompt_ids, batch.completion_ids], dim=1)  # (B, W)
+    attention = torch.cat([batch.prompt_mask, batch.completion_mask], dim=1)  # (B, W)
     device = input_ids.device
     columns = torch.arange(input_ids.shape[1], device=device)
     starts, lengths = attention.argmax(dim=1), attention.sum(dim=1)  # (B,) each
@@ -84,10 +85,10 @@ def pack(batch: dict[str, torch.Tensor], capacity: int | None = None) -> PackedR
         # The padding continues the row's last sequence: causal attention keeps it out of every real token, and a
         # row with one sequence keeps plain positions, which needs no mask at all.
         positions[row, offset:] = torch.arange(length, length + capacity - offset, device=device)
-    completion_length = batch["completion_ids"].shape[1]
+    completion_length = batch.completion_ids.shape[1]
     # Completion token t sits in column prompt_width + t of the padded layout, and the token before it predicts it.
     within = prompt_width - 1 - starts[:, None] + torch.arange(completion_length, device=device)  # (B, T)
-    predicted = batch["completion_mask"].bool()
+    predicted = batch.completion_mask.bool()
     predictors = torch.where(predicted, first_token[:, None] + within, 0)
     return PackedRows({"input_ids": ids, "position_ids": positions}, real, predictors, predicted)
 
@@ -115,14 +116,14 @@ def unpacked(values: torch.Tensor, packed: PackedRows) -> torch.Tensor:  # (R, C
     return torch.where(packed.predicted.unsqueeze(-1), gathered, torch.zeros((), dtype=values.dtype))
 
 
-def check_packing(model, batch: dict[str, torch.Tensor], run_padded, run_packed) -> None:
+def check_packing(model, batch: MicroBatch, run_padded, run_packed) -> None:
     """Once per model: two of `batch`'s sequences in one packed row give the hidden states the padded pass gives
     them, else `PackingRefused`. `run_padded(batch)` and `run_packed(packed)` return (B, T, H) hidden states."""
     if getattr(model, CHECKED, False):
         return
-    rows = torch.arange(min(len(batch["completion_ids"]), 2)).repeat(2)[:2]  # two sequences, or one twice
-    probe = {name: batch[name][rows] for name in ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask")}
-    lengths = torch.cat([probe["prompt_mask"], probe["completion_mask"]], dim=1).sum(dim=1)
+    rows = torch.arange(min(len(batch.completion_ids), 2)).repeat(2)[:2]  # two sequences, or one twice
+    probe = batch.rows(rows)
+    lengths = torch.cat([probe.prompt_mask, probe.completion_mask], dim=1).sum(dim=1)
     packed = pack(probe, capacity=int(lengths.sum()))  # both in one row
     if packed is None:
         return  # the passes of such a batch run padded: the next one is checked

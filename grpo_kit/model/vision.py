@@ -10,6 +10,7 @@ own patches and images, so that micro-batches, length groups and shuffles take a
 import torch
 
 from grpo_kit.contract.kinds import image_token_types
+from grpo_kit.contract.micro_batch import MicroBatch
 
 VISION_COLUMNS = ("pixel_values", "image_grid_thw")  # the training batch's image tensors, one row per completion
 
@@ -42,19 +43,19 @@ def per_row(model_inputs: dict[str, torch.Tensor], images_per_row: list[int]) ->
     return {"pixel_values": padded_patches, "image_grid_thw": padded_grids}
 
 
-def model_kwargs(batch: dict[str, torch.Tensor], input_ids: torch.Tensor, model) -> dict[str, torch.Tensor]:
+def model_kwargs(batch: MicroBatch, input_ids: torch.Tensor, model) -> dict[str, torch.Tensor]:
     """What `model`'s forward pass takes for the images of `batch`'s rows, whose tokens are `input_ids` (B, W):
     nothing for a batch without images."""
-    if "image_grid_thw" not in batch:
+    if batch.image_grid_thw is None:
         return {}
-    grids = batch["image_grid_thw"]  # (B, I, 3)
+    grids = batch.image_grid_thw  # (B, I, 3)
     images = grids.prod(dim=-1) > 0  # (B, I) the real images
     if not images.any():  # rows of text-only prompts: the model takes no image inputs
         return {}
     patches = grids.prod(dim=-1).sum(dim=-1)  # (B,)
-    real = torch.arange(batch["pixel_values"].shape[1], device=patches.device) < patches[:, None]  # (B, P)
+    real = torch.arange(batch.pixel_values.shape[1], device=patches.device) < patches[:, None]  # (B, P)
     return {
-        "pixel_values": batch["pixel_values"][real],  # (patches, C), in row order as the processor gives them
+        "pixel_values": batch.pixel_values[real],  # (patches, C), in row order as the processor gives them
         "image_grid_thw": grids[images],  # (images, 3)
         **image_token_types(model, input_ids),
     }

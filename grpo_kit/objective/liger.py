@@ -17,7 +17,8 @@ from contextlib import nullcontext
 import torch
 
 from grpo_kit.contract.kinds import LigerLoss, Reduction, declared
-from grpo_kit.objective.objective import Objective, loss_mask
+from grpo_kit.contract.micro_batch import MicroBatch
+from grpo_kit.objective.objective import Objective
 
 INSTALL = "pip install 'grpo-kit[liger]' (or liger-kernel)"
 LEVELS = ("token", "sequence")  # the importance-sampling levels Liger forms: log-ratio, masked mean of the log-ratio
@@ -100,22 +101,22 @@ class FusedGRPOLoss:
             return "the model soft-caps its logits (final_logit_softcapping), which Liger does not"
         return None
 
-    def batch_reason(self, micro_batch: dict[str, torch.Tensor], reduction: Reduction) -> str | None:
+    def batch_reason(self, micro_batch: MicroBatch, reduction: Reduction) -> str | None:
         """Why Liger's loss or gradient differs from the plain objective's in this micro-batch's setting, or None.
 
         The setting is which optional tensors the batch has, the correction ratio's shape and the reduction's
         divisors but the token count, which changes with every generation batch; it is checked once, on a tiny
         random problem with padding, and remembered.
         """
-        ratio = micro_batch.get("importance_sampling_ratio")
+        ratio = micro_batch.importance_sampling_ratio
         setting = (
-            "old_per_token_logps" in micro_batch,
-            "ref_per_token_logps" in micro_batch,
+            micro_batch.old_per_token_logps is not None,
+            micro_batch.ref_per_token_logps is not None,
             None if ratio is None else ratio.shape[-1] == 1,
             dataclasses.replace(reduction, num_items_in_batch=0.0),
         )
         if setting not in self.checked:
-            device_type = micro_batch["completion_mask"].device.type
+            device_type = micro_batch.completion_mask.device.type
             with torch.autocast(device_type, enabled=False):  # the comparison is in float32
                 self.checked[setting] = self._compare_on_a_probe(micro_batch, reduction)
         return self.checked[setting]
@@ -123,8 +124,8 @@ class FusedGRPOLoss:
     def __call__(self, hidden, weight, bias, micro_batch, reduction: Reduction, precision=None) -> torch.Tensor:
         """The micro-batch's loss (scaled as the plugin's `reduce` scales it), from (B, T, H) hidden states and the
         head's weight and bias; `precision` is the autocast the model ran its head under."""
-        mask = loss_mask(micro_batch).float()
-        ratio = micro_batch.get("importance_sampling_ratio")
+        mask = micro_batch.loss_mask().float()
+        ratio = micro_batch.importance_sampling_ratio
         if ratio is not None and ratio.shape == mask.shape:
             ratio = torch.where(mask.bool(), ratio, torch.ones_like(ratio))  # padding carries no correction
         self.module.compiled = hidden.is_cuda
@@ -135,12 +136,12 @@ class FusedGRPOLoss:
             loss, _ = self.module(
                 hidden,
                 weight,
-                micro_batch["completion_ids"],
+                micro_batch.completion_ids,
                 mask,
-                micro_batch["advantages"],
+                micro_batch.advantages,
                 bias=bias,
-                ref_per_token_logps=micro_batch.get("ref_per_token_logps"),
-                old_per_token_logps=micro_batch.get("old_per_token_logps"),
+                ref_per_token_logps=micro_batch.ref_per_token_logps,
+                old_per_token_logps=micro_batch.old_per_token_logps,
                 vllm_is_ratio=ratio,
                 num_items_in_batch=liger_num_items_in_batch(reduction),
             )
@@ -152,9 +153,9 @@ class FusedGRPOLoss:
 
     def _compare_on_a_probe(self, micro_batch, reduction) -> str | None:
         generator = torch.Generator().manual_seed(0)
-        batch_size, length = micro_batch["completion_mask"].shape
+        batch_size, length = micro_batch.completion_mask.shape
         batch_size, length, width, vocab = max(batch_size, 3), max(length, 4), 8, 11
-        device = micro_batch["completion_mask"].device
+        device = micro_batch.completion_mask.device
 
         def random(*shape):
             return torch.randn(*shape, generator=generator).to(device)
@@ -168,25 +169,31 @@ class FusedGRPOLoss:
         head = torch.nn.utils.skip_init(torch.nn.Linear, width, vocab, bias=False, device=device)
         with torch.no_grad():
             head.weight.copy_(random(vocab, width))
-        probe = {
-            "completion_ids": torch.randint(vocab, (batch_size, length), generator=generator).to(device),
-            "completion_mask": mask,
-            "advantages": random(batch_size),
-        }
+        no_prompt = torch.zeros(batch_size, 0, dtype=torch.long, device=device)  # the objective reads no prompt
+        probe = MicroBatch(
+            prompt_ids=no_prompt,
+            prompt_mask=no_prompt,
+            completion_ids=torch.randint(vocab, (batch_size, length), generator=generator).to(device),
+            completion_mask=mask,
+            advantages=random(batch_size),
+        )
         # The probe is a third of its generation batch: a loss divided by this micro-batch's own tokens is caught.
         probe_reduction = dataclasses.replace(reduction, num_items_in_batch=float(mask.sum()) * 3)
         with torch.no_grad():
-            logps, _ = self._plain_logps(head, hidden, probe["completion_ids"])
-        for key in ("old_per_token_logps", "ref_per_token_logps"):
-            if key in micro_batch:
-                probe[key] = logps + 0.3 * random(batch_size, length)
-        ratio = micro_batch.get("importance_sampling_ratio")
+            logps, _ = self._plain_logps(head, hidden, probe.completion_ids)
+        references = {
+            name: logps + 0.3 * random(batch_size, length)
+            for name in ("old_per_token_logps", "ref_per_token_logps")
+            if getattr(micro_batch, name) is not None
+        }
+        ratio = micro_batch.importance_sampling_ratio
         if ratio is not None:
             shape = (batch_size, 1) if ratio.shape[-1] == 1 else (batch_size, length)
-            probe["importance_sampling_ratio"] = torch.rand(shape, generator=generator).to(device) * 1.5 + 0.5
+            references["importance_sampling_ratio"] = torch.rand(shape, generator=generator).to(device) * 1.5 + 0.5
+        probe = probe.with_references(**references)
 
         inputs = [hidden, head.weight]
-        plain = self.objective(*self._plain_logps(head, hidden, probe["completion_ids"]), probe, probe_reduction)
+        plain = self.objective(*self._plain_logps(head, hidden, probe.completion_ids), probe, probe_reduction)
         plain_grads = torch.autograd.grad(plain.loss, inputs)
         try:
             fused = self(hidden, head.weight, None, probe, probe_reduction)
@@ -211,9 +218,9 @@ class FusedGRPOLoss:
         return log_probs.gather(-1, ids.unsqueeze(-1)).squeeze(-1), entropies
 
     def _describe(self, micro_batch) -> str:
-        ratio = micro_batch.get("importance_sampling_ratio")
+        ratio = micro_batch.importance_sampling_ratio
         parts = [f"{self.objective.importance_sampling.level}-level importance sampling"]
-        parts.append("beta > 0" if "ref_per_token_logps" in micro_batch else "beta = 0")
+        parts.append("beta > 0" if micro_batch.ref_per_token_logps is not None else "beta = 0")
         if ratio is not None:
             parts.append(f"a {'sequence' if ratio.shape[-1] == 1 else 'token'}-level rollout correction")
         return ", ".join(parts)

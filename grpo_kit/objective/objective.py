@@ -12,16 +12,10 @@ from omegaconf import OmegaConf
 
 from grpo_kit.config.compose import options
 from grpo_kit.config.schema import AlgorithmConfig
-from grpo_kit.contract.kinds import ImportanceSampling, Loss, LossInputs, Reduction, RolloutCorrection, declared
+from grpo_kit.contract.kinds import ImportanceSampling, Loss, LossInputs, Reduction, declared
+from grpo_kit.contract.micro_batch import MicroBatch
 from grpo_kit.contract.reductions import masked_mean
 from grpo_kit.plugins.registry import Registry
-
-
-def loss_mask(batch: dict[str, torch.Tensor]) -> torch.Tensor:
-    """(B, T) 1 on the completion tokens the loss trains on: the model's own, not padding, not what tools wrote
-    (`tool_mask`, grpo_kit/rollout/tool_use.py), which the model still attends to through `completion_mask`."""
-    tool_mask = batch.get("tool_mask")
-    return batch["completion_mask"] if tool_mask is None else batch["completion_mask"] * tool_mask
 
 
 @dataclass
@@ -94,7 +88,6 @@ class EntropyControl:
 class Objective:
     loss: Loss
     importance_sampling: ImportanceSampling
-    correction: RolloutCorrection
     algorithm: AlgorithmConfig
     max_completion_length: int
     entropy_control: EntropyControl = field(init=False)
@@ -106,18 +99,18 @@ class Objective:
         self,
         per_token_logps: torch.Tensor,  # (B, T), log pi_theta of the completion tokens, with gradient
         entropies: torch.Tensor,  # (B, T), with gradient when the entropy bonus is on
-        batch: dict[str, torch.Tensor],
+        batch: MicroBatch,
         reduction: Reduction | None = None,  # the generation batch's divisors; None: the batch is the whole of it
     ) -> ObjectiveOutput:
         algo = self.algorithm
-        mask = loss_mask(batch).to(per_token_logps.dtype)  # (B, T)
+        mask = batch.loss_mask().to(per_token_logps.dtype)  # (B, T)
         if reduction is None:
             reduction = Reduction.whole_batch(mask, self.max_completion_length)
-        advantages = batch["advantages"].unsqueeze(1)  # (B, 1)
-        old_per_token_logps = batch.get("old_per_token_logps")
+        advantages = batch.advantages.unsqueeze(1)  # (B, 1)
+        old_per_token_logps = batch.old_per_token_logps
         if old_per_token_logps is None:  # on-policy: pi_old is pi_theta, without its gradient
             old_per_token_logps = per_token_logps.detach()
-        rollout_ratio = batch.get("importance_sampling_ratio")  # (B, T) or (B, 1), from rollout_correction()
+        rollout_ratio = batch.importance_sampling_ratio  # (B, T) or (B, 1), handed over (sampler_correction.py)
 
         log_ratio = per_token_logps - old_per_token_logps  # (B, T)
         log_weights = self.importance_sampling.log_weights(log_ratio, mask)  # (B, T) or (B, 1)
@@ -126,7 +119,9 @@ class Objective:
 
         # DeepSeek-V3.2 (arXiv 2512.02556, eq. 9): drop negative-advantage sequences the sampler has drifted from.
         if algo.off_policy_mask_threshold is not None:
-            sampling_per_token_logps = batch.get("sampling_per_token_logps", old_per_token_logps)
+            sampling_per_token_logps = batch.sampling_per_token_logps
+            if sampling_per_token_logps is None:
+                sampling_per_token_logps = old_per_token_logps
             per_token_loss = per_token_loss * off_policy_mask(
                 advantages, per_token_logps, sampling_per_token_logps, mask, algo.off_policy_mask_threshold
             )
@@ -139,7 +134,7 @@ class Objective:
             per_token_loss = per_token_loss * rollout_ratio
         # k3 estimator of KL(pi_theta || pi_ref) (Schulman, http://joschu.net/blog/kl-approx.html), DeepSeekMath eq. 4.
         if algo.beta != 0.0:
-            ref_log_ratio = batch["ref_per_token_logps"] - per_token_logps
+            ref_log_ratio = batch.ref_per_token_logps - per_token_logps
             per_token_kl = torch.exp(ref_log_ratio) - ref_log_ratio - 1  # (B, T)
             if algo.use_bias_correction_kl:  # unbiased under the sampling policy (DeepSeek-V3.2, eq. 7)
                 per_token_kl = per_token_kl * torch.exp(log_weights)
@@ -161,10 +156,6 @@ class Objective:
         metrics["entropy"] = masked_mean(entropies, mask)
         metrics = {name: value.detach() for name, value in metrics.items()}
         return ObjectiveOutput(loss, metrics, per_token_logps.detach(), entropy_totals)
-
-    def rollout_correction(self, old_per_token_logps, sampling_per_token_logps, completion_mask):
-        """The ratio that corrects for the sampler's mismatch with the trainer; None when no correction is chosen."""
-        return self.correction.ratio(old_per_token_logps, sampling_per_token_logps, completion_mask)
 
 
 def off_policy_mask(advantages, per_token_logps, sampling_per_token_logps, mask, threshold) -> torch.Tensor:
@@ -191,7 +182,6 @@ def build_objective(cfg, registry: Registry | None = None) -> Objective:
         importance_sampling=registry.build(
             "importance_sampling", cfg.importance_sampling.name, options(cfg.importance_sampling)
         ),
-        correction=registry.build("rollout_correction", cfg.rollout_correction.name, options(cfg.rollout_correction)),
         algorithm=OmegaConf.to_object(cfg.algorithm),
         max_completion_length=cfg.generation.max_completion_length,
     )

@@ -22,6 +22,7 @@ import torch
 
 from grpo_kit.contract.errors import ConfigError
 from grpo_kit.contract.kinds import Reduction
+from grpo_kit.contract.micro_batch import MicroBatch
 from grpo_kit.model.fast.chunked_logits import chunked_logps_and_entropies
 from grpo_kit.model.fast.tiled_logits import tiled_logps_and_entropies, why_not_tiled
 from grpo_kit.model.logprobs import (
@@ -74,7 +75,7 @@ class PolicyLoss:
     def __call__(
         self,
         model: torch.nn.Module,
-        micro_batch: dict[str, torch.Tensor],
+        micro_batch: MicroBatch,
         reduction: Reduction,  # the divisors of the micro-batch's generation batch
     ) -> ObjectiveOutput:
         self.last_path = "full" if self.logits == "full" else "chunked"
@@ -94,7 +95,7 @@ class PolicyLoss:
                 out = self._fused_loss(hidden, head, micro_batch, reduction)
                 return self._with_router_loss(out, router, reduction)
             self._fall_back(reason)
-        ids = micro_batch["completion_ids"]
+        ids = micro_batch.completion_ids
         reason = why_not_tiled(head) if self.logits == "tiled" else None
         if self.logits == "tiled" and reason is None:
             self.last_path = "tiled"
@@ -134,7 +135,7 @@ class PolicyLoss:
         out.metrics["aux_loss"] = aux_loss.detach()
         return out
 
-    def logps(self, model: Callable, micro_batch: dict[str, torch.Tensor], entropy_grad: bool = False):
+    def logps(self, model: Callable, micro_batch: MicroBatch, entropy_grad: bool = False):
         """(B, T) log-probs and entropies of the completion tokens under `model` (the policy or the reference)."""
         chunk_size = None if self.logits == "full" else self.chunk_size
         vocab_tile = self.vocab_tile if self.logits == "tiled" else None
@@ -148,7 +149,7 @@ class PolicyLoss:
         # The metrics the plain path logs (clip ratios, kl, entropy, the loss's own), from a pass without a gradient.
         with torch.no_grad():
             per_token_logps, entropies = chunked_logps_and_entropies(
-                hidden.detach(), head, micro_batch["completion_ids"], self.temperature, chunk_size=self.chunk_size
+                hidden.detach(), head, micro_batch.completion_ids, self.temperature, chunk_size=self.chunk_size
             )
             metrics = self.objective(per_token_logps, entropies, micro_batch, reduction).metrics
         return ObjectiveOutput(loss, metrics, per_token_logps)

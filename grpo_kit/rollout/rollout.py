@@ -16,6 +16,7 @@ from grpo_kit.contract.advantages import nanstd, weighted_rewards
 from grpo_kit.contract.eos import is_truncated
 from grpo_kit.contract.errors import PluginError
 from grpo_kit.contract.kinds import Completions, CustomRollout, Generation, RolloutResult
+from grpo_kit.contract.micro_batch import MicroBatch
 from grpo_kit.contract.pipeline import Run, ScoredBatch
 from grpo_kit.plugins.chaining import chain
 from grpo_kit.rollout.ahead import Generated, GenerationAhead
@@ -27,12 +28,12 @@ from grpo_kit.rollout.tool_use import ToolUse
 
 
 @dataclass
-class Rollouts:
+class RolloutBatch:
     """A generation batch of this process as the rollout leaves it."""
 
     scored: ScoredBatch
     advantages: torch.Tensor  # (N,)
-    tensors: dict[str, torch.Tensor]  # what the objective reads: prompt and completion ids and masks, advantages
+    training_rows: MicroBatch  # what the objective reads: prompt and completion ids and masks, advantages, ...
     metrics: dict[str, float]  # of the whole batch, every process's
     weight_version: int  # the optimizer steps of the weights that sampled it
 
@@ -64,7 +65,7 @@ class Rollout:
         """Asynchronous generation: the backend with a worker that generates batches while the trainer trains."""
         return self.generation if isinstance(self.generation, GenerationAhead) else None
 
-    def __call__(self, run: Run, num_prompts: int, version: int) -> "Rollouts":
+    def __call__(self, run: Run, num_prompts: int, version: int) -> "RolloutBatch":
         """This process's next `num_prompts` prompts, generated, scored and given their advantages; `version`: the
         optimizer steps of the weights now."""
         sampled_with = version
@@ -86,7 +87,7 @@ class Rollout:
         if self.recorder is not None:
             self.recorder.save(scored, advantages)
         metrics = self._metrics(scored, every_reward) | (self.ahead.last_taken if self.ahead is not None else {})
-        return Rollouts(scored, advantages, self._tensors(scored, advantages), metrics, sampled_with)
+        return RolloutBatch(scored, advantages, self._training_rows(scored, advantages), metrics, sampled_with)
 
     def _filtered(self, run: Run, scored: ScoredBatch) -> ScoredBatch:
         """What the hooks keep of a scored batch (DAPO's dynamic sampling draws more here, generating in this
@@ -159,26 +160,23 @@ class Rollout:
             for row, text in zip(rows, texts)
         ]
 
-    def _tensors(self, scored: ScoredBatch, advantages: torch.Tensor) -> dict[str, torch.Tensor]:
+    def _training_rows(self, scored: ScoredBatch, advantages: torch.Tensor) -> MicroBatch:
         generated = scored.generated
         completion_mask = generated.completion_mask
         if self.mask_truncated_completions:  # DAPO: a cut-off answer is neither rewarded nor punished
             completion_mask = completion_mask * ~generated.is_truncated.unsqueeze(1)
         padded = self.tokenizer.pad({"input_ids": scored.prompt_ids}, padding_side="left", return_tensors="pt")
-        batch = {
-            "prompt_ids": padded["input_ids"],  # (N, P)
-            "prompt_mask": padded["attention_mask"],  # (N, P)
-            "completion_ids": generated.completion_ids,  # (N, T)
-            "completion_mask": completion_mask,  # (N, T)
-            "advantages": advantages,  # (N,)
-        }
-        if generated.sampling_per_token_logps is not None:
-            batch["sampling_per_token_logps"] = generated.sampling_per_token_logps
-        if generated.tool_mask is not None:
-            batch["tool_mask"] = generated.tool_mask  # (N, T)
-        if self.images is not None:
-            batch |= self.images.row_tensors(scored.rows)  # pixel_values (N, P, C), image_grid_thw (N, I, 3)
-        return batch
+        images = self.images.row_tensors(scored.rows) if self.images is not None else {}
+        return MicroBatch(
+            prompt_ids=padded["input_ids"],  # (N, P)
+            prompt_mask=padded["attention_mask"],  # (N, P)
+            completion_ids=generated.completion_ids,  # (N, T)
+            completion_mask=completion_mask,  # (N, T)
+            advantages=advantages,  # (N,)
+            tool_mask=generated.tool_mask,  # (N, T) or None
+            sampling_per_token_logps=generated.sampling_per_token_logps,  # (N, T) or None
+            **images,  # pixel_values (N, P, C), image_grid_thw (N, I, 3), for prompts with images
+        )
 
     def _gather(self, tensor: torch.Tensor) -> torch.Tensor:
         """Every process's `tensor` concatenated along dim 0, on the CPU (NCCL gathers CUDA tensors only)."""
@@ -190,12 +188,7 @@ class Rollout:
         rewards = weighted_rewards(rewards_per_func, self.reward_weights)  # (N x processes,)
         group_std = nanstd(rewards.view(-1, self.num_generations), dim=1).nan_to_num(0.0)
         generated = scored.generated
-        written = (
-            generated.completion_mask
-            if generated.tool_mask is None
-            else generated.completion_mask * generated.tool_mask
-        )
-        lengths = gather(written.sum(dim=1).float())  # the tokens the model wrote, as TRL counts them
+        lengths = gather(generated.written_mask().sum(dim=1).float())  # the tokens the model wrote, as TRL counts them
         metrics = {
             "reward": rewards.nanmean().item(),
             "reward_std": nanstd(rewards).item(),

@@ -76,18 +76,16 @@ def train_step(session: Session, state: TrainState, step: int) -> tuple[bool, fl
     try:
         for index in range(accumulation):
             if plan.generation_due(state.micro_step):  # generate -> score -> advantages -> old, reference log-probs
-                state.batch = batches.make(
-                    session.run, optimization.model, plan.prompts_per_generation, state.micro_step, state.step
-                )
+                state.batch = batches.make(session.run, state.micro_step, state.step)
                 state.num_tokens += state.batch.tokens
                 session.resources.record_samples(step, state.batch)
-            position = plan.position(state.micro_step)
+            micro_batch = state.batch.next(state.micro_step)
             state.micro_step += 1
             # forward -> loss -> backward; after the step's last micro-batch, the optimizer step
             out, finite, step_grad_norm = optimization.train_on(
-                state.batch.micro_batches[position], state.batch.reduction, finite, ends_step=index == accumulation - 1
+                micro_batch, state.batch.reduction, finite, ends_step=index == accumulation - 1
             )
-            state.batch.trained_on(position, out.per_token_logps)
+            state.batch.trained(out)
             grad_norm = grad_norm if step_grad_norm is None else step_grad_norm
             add_micro_batch(state.window, state.batch.metrics, out, session.accelerator)
     except GenerationUnavailable as error:  # the step is undone and the last whole one saved

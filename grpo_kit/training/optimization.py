@@ -9,6 +9,7 @@ import torch
 from accelerate import Accelerator
 
 from grpo_kit.contract.kinds import Reduction
+from grpo_kit.contract.micro_batch import MicroBatch
 from grpo_kit.objective.objective import ObjectiveOutput
 from grpo_kit.objective.policy_loss import PolicyLoss
 from grpo_kit.training.token_budget import TokenBudget, joined
@@ -29,7 +30,7 @@ class Optimization:
     budget: TokenBudget = TokenBudget(None, False)  # a micro-step's micro-batches (trainer.max_tokens_per_micro_batch)
 
     def train_on(
-        self, micro_batch: dict[str, torch.Tensor], reduction: Reduction, finite: bool, ends_step: bool
+        self, micro_batch: MicroBatch, reduction: Reduction, finite: bool, ends_step: bool
     ) -> tuple[ObjectiveOutput, bool, float | None]:
         """The micro-batch's loss and metrics; whether every loss of the step so far was finite on every process
         (else the step is skipped); the gradient norm when this micro-batch ended the step."""
@@ -49,7 +50,7 @@ class Optimization:
                     accelerator.sync_gradients = ends_step and last  # DeepSpeed's backward steps its optimizer then
                     accelerator.backward(out.loss)
             outputs.append(out)
-        out = outputs[0] if len(outputs) == 1 else together(outputs, micro_batch["completion_ids"].shape[1])
+        out = outputs[0] if len(outputs) == 1 else together(outputs, micro_batch.width)
         entropy_control = self.policy_loss.objective.entropy_control
         entropy_control.add(out)
         if ends_step:

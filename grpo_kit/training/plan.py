@@ -81,10 +81,6 @@ class BatchPlan:
         """Whether the micro-step `micro_step` starts a new generation batch."""
         return micro_step % self.micro_steps_per_batch == 0
 
-    def position(self, micro_step: int) -> int:
-        """The micro-batch of its generation batch that the micro-step `micro_step` trains on."""
-        return micro_step % self.steps_per_generation
-
     def steps_in_epochs(self, epochs: float, num_prompts: int) -> int:
         """TRL's `max_steps=-1`: the optimizer steps that `epochs` passes over `num_prompts` prompts take, an epoch
         being the whole generation batches the dataset fills."""

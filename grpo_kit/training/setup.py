@@ -20,7 +20,6 @@ from accelerate.state import AcceleratorState
 from accelerate.utils import ProjectConfiguration, set_seed
 from omegaconf import DictConfig, OmegaConf
 
-from grpo_kit.config.compatibility import corrects_rollouts
 from grpo_kit.config.compose import complete, options
 from grpo_kit.config.secrets import redacted
 from grpo_kit.contract.eos import eos_token_ids
@@ -40,6 +39,7 @@ from grpo_kit.model.sharding import (
 from grpo_kit.model.threads import use_torch_threads
 from grpo_kit.objective.objective import Objective, build_objective
 from grpo_kit.objective.policy_loss import PolicyLoss, build_policy_loss
+from grpo_kit.objective.sampler_correction import SamplerCorrection
 from grpo_kit.outputs.checkpoints import claim_run_directory
 from grpo_kit.outputs.loggers import ConsoleLogger, JsonlLogger
 from grpo_kit.outputs.plugin_lock import record_session
@@ -90,6 +90,7 @@ class Plugins:
 
     objective: Objective
     policy_loss: PolicyLoss  # the plain, chunked, tiled or Liger forward pass and loss
+    correction: SamplerCorrection  # the rollout correction, when one applies to this run's sampler
     advantage: Any
     rewards: dict
     reward_weights: torch.Tensor  # (K,)
@@ -159,14 +160,13 @@ def setup(cfg: DictConfig, run_dir: Path, registry: Registry) -> tuple[Session, 
         batches = GenerationBatches(
             rollout,
             plugins.policy_loss,
+            policy.model,
             policy.reference,
             accelerator,
-            plan.steps_per_generation,
-            plan.accumulation,
-            plan.num_iterations,
+            plan,
             cfg.generation.max_completion_length,
+            plugins.correction,
             policy.by_length,
-            rollout.with_logprobs,
             policy.budget,
         )
         processor = policy.images.processor if policy.images else None
@@ -203,6 +203,7 @@ def build_plugins(cfg: DictConfig, registry: Registry) -> Plugins:
     return Plugins(
         objective,
         build_policy_loss(cfg, objective),
+        SamplerCorrection.of(cfg, registry),
         build_advantage(cfg, registry),
         rewards,
         reward_weights,
@@ -239,31 +240,19 @@ def build_policy(
 ) -> Policy:
     """The policy and its reference, loaded, with what the model decides: the batches' layout, the EOS ids."""
     t, algo = cfg.trainer, cfg.algorithm
-    # What the config alone says against grouping completions by length is refused before the model loads.
-    group_by_length(cfg, plugins.objective.loss, plan.steps_per_generation)
-    token_budget(cfg, plugins.objective.loss, plan.steps_per_generation)
+    # What the config alone says against grouping completions by length is refused before the model loads; the
+    # model's own load-balancing loss (a mixture of experts) is known once it has.
+    loss, steps_per_generation = plugins.objective.loss, plan.steps_per_generation
+    group_by_length(cfg, loss, steps_per_generation, algo.router_aux_loss_coef or 0.0)
+    token_budget(cfg, loss, steps_per_generation, algo.router_aux_loss_coef or 0.0)
     images = image_prompts(cfg, prompts.every_set, plugins.generation)  # reads every image now: a bad one fails here
     model, tokenizer = load_model(cfg.model, t.gradient_checkpointing_kwargs)
     use_torch_threads(t.torch_threads, model.config)
     use_chat_template_kwargs(tokenizer, OmegaConf.to_container(cfg.data, resolve=True)["chat_template_kwargs"])
     policy_loss = plugins.policy_loss
     policy_loss.use_router_aux_loss(model, algo.router_aux_loss_coef)  # refused here for a model without experts
-    by_length = group_by_length(cfg, plugins.objective.loss, plan.steps_per_generation)
-    budget = token_budget(cfg, plugins.objective.loss, plan.steps_per_generation)
-    if policy_loss.router_aux_loss_coef != 0.0 and by_length:
-        if t.group_by_length:
-            raise ConfigError(
-                "trainer.group_by_length=true would change the gradient of this run's steps, because the router "
-                "load-balancing loss of this mixture-of-experts model is computed over each micro-batch's tokens. "
-                "Leave it null (grouping where it changes nothing) or false, or set algorithm.router_aux_loss_coef=0."
-            )
-        by_length = False
-    if policy_loss.router_aux_loss_coef != 0.0 and budget.max_tokens is not None:
-        raise ConfigError(
-            "trainer.max_tokens_per_micro_batch would change the gradient of this run's steps, because the router "
-            "load-balancing loss of this mixture-of-experts model is computed over each micro-batch's tokens. Leave "
-            "it null, or set algorithm.router_aux_loss_coef=0."
-        )
+    by_length = group_by_length(cfg, loss, steps_per_generation, policy_loss.router_aux_loss_coef)
+    budget = token_budget(cfg, loss, steps_per_generation, policy_loss.router_aux_loss_coef)
     if budget.packing:
         use_packing(model)  # the first packed pass checks that the model keeps packed sequences apart
     max_positions = getattr(model.config, "max_position_embeddings", None)
@@ -333,8 +322,6 @@ def build_rollout(
 ) -> Rollout:
     """generate -> score -> advantages, over this process's share of the prompts (or replayed rollouts)."""
     num_generations = cfg.generation.num_generations
-    # The sampler's log-probs are asked for where a rollout correction is selected and applies to this sampler.
-    corrected = corrects_rollouts(cfg, registry) and plugins.objective.correction.level is not None
     return Rollout(
         prompts.sampler,
         resources.generation,
@@ -347,7 +334,7 @@ def build_rollout(
         resources.hooks,
         accelerator,
         eos_token_ids=policy.eos,
-        with_logprobs=corrected,
+        with_logprobs=plugins.correction.applies,  # the sampler's log-probs, which the correction reads
         replay=replay,
         recorder=RolloutRecorder(run_dir) if cfg.rollouts.save else None,
         tool_use=build_tool_use(cfg, registry, policy.tokenizer, resources.generation, accelerator, policy.eos),

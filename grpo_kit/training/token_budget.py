@@ -20,15 +20,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-COMPLETION_WIDE = (  # (B, T) columns that a micro-batch cuts to its longest completion
-    "completion_ids",
-    "completion_mask",
-    "sampling_per_token_logps",
-    "tool_mask",
-    "old_per_token_logps",
-    "ref_per_token_logps",
-    "importance_sampling_ratio",  # (B, T) at token level; (B, 1) at sequence level is left as it is
-)
+from grpo_kit.contract.micro_batch import MicroBatch
 
 
 @dataclass(frozen=True)
@@ -36,16 +28,16 @@ class TokenBudget:
     max_tokens: int | None  # per micro-batch; None: fixed row counts, one micro-batch per micro-step
     packing: bool  # whether the passes are packed, so that a micro-batch costs its sequences' tokens
 
-    def costs(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:  # (N,)
+    def costs(self, batch: MicroBatch) -> torch.Tensor:  # (N,)
         """What each row adds to a micro-batch: its real tokens when packed; its completion length otherwise (the
         padded count is rows x (prompt columns + the longest completion))."""
-        completion_lengths = batch["completion_mask"].sum(dim=1)
-        return completion_lengths + batch["prompt_mask"].sum(dim=1) if self.packing else completion_lengths
+        completion_lengths = batch.completion_mask.sum(dim=1)
+        return completion_lengths + batch.prompt_mask.sum(dim=1) if self.packing else completion_lengths
 
-    def groups(self, batch: dict[str, torch.Tensor]) -> list[torch.Tensor]:
+    def groups(self, batch: MicroBatch) -> list[torch.Tensor]:
         """`batch`'s rows, in their order, as runs that each fit the budget (a row over it alone)."""
         costs = self.costs(batch).tolist()
-        prompt_columns = batch["prompt_ids"].shape[1]
+        prompt_columns = batch.prompt_ids.shape[1]
         groups, start, total, longest = [], 0, 0, 0
         for row, cost in enumerate(costs):
             total, longest = total + cost, max(longest, cost)
@@ -57,19 +49,19 @@ class TokenBudget:
         groups.append(torch.arange(start, len(costs)))
         return groups
 
-    def spread(self, share: dict[str, torch.Tensor], order: torch.Tensor, micro_steps: int) -> list[torch.Tensor]:
+    def spread(self, share: MicroBatch, order: torch.Tensor, micro_steps: int) -> list[torch.Tensor]:
         """One optimizer step's rows (`order` into `share`), sorted by cost and cut into budget groups, spread over
         its `micro_steps`: each micro-step's rows, whole groups where there are enough, at least one row each."""
         costs = self.costs(share)[order]
         order = order[costs.argsort(stable=True)]
-        groups = self.groups({name: share[name][order] for name in ("prompt_ids", "prompt_mask", "completion_mask")})
+        groups = self.groups(share.rows(order))
         while len(groups) < micro_steps:  # a budget larger than the step: halve its largest group until each has one
             largest = max(range(len(groups)), key=lambda index: len(groups[index]))
             groups[largest : largest + 1] = list(groups[largest].tensor_split(2))
         per_step = torch.arange(len(groups)).tensor_split(micro_steps)
         return [order[torch.cat([groups[int(index)] for index in indices])] for indices in per_step]
 
-    def parts(self, micro_batch: dict[str, torch.Tensor]) -> list[dict[str, torch.Tensor]]:
+    def parts(self, micro_batch: MicroBatch) -> list[MicroBatch]:
         """A micro-step's micro-batches, each cut to its own longest completion: its budget groups again (its rows
         are sorted and start a group, so they fall as `spread` cut them), or the whole of it without a budget."""
         if self.max_tokens is None:
@@ -78,26 +70,20 @@ class TokenBudget:
         return [micro_batch] if len(groups) == 1 else [rows_of(micro_batch, rows) for rows in groups]
 
 
-def rows_of(batch: dict[str, torch.Tensor], rows: torch.Tensor) -> dict[str, torch.Tensor]:
+def rows_of(batch: MicroBatch, rows: torch.Tensor) -> MicroBatch:
     """The micro-batch of `batch`'s `rows`, its completion columns cut to its longest completion."""
-    width = max(int(batch["completion_mask"][rows].sum(dim=1).max()), 1)
-    part = {}
-    for name, tensor in batch.items():
-        if not isinstance(tensor, torch.Tensor):
-            continue  # the whole micro-batch's RowSpans (fast/mask_free.py): a part's passes read their own
-        tensor = tensor if tensor.dim() == 0 else tensor[rows]
-        part[name] = tensor[:, :width] if name in COMPLETION_WIDE and tensor.dim() == 2 else tensor
-    return part
+    part = batch.rows(rows)
+    return part.cut(max(int(part.completion_mask.sum(dim=1).max()), 1))
 
 
-def in_parts(forward, micro_batch: dict[str, torch.Tensor], budget: TokenBudget):
+def in_parts(forward, micro_batch: MicroBatch, budget: TokenBudget):
     """`forward(micro_batch)`'s (B, T) outputs (one tensor or a tuple), computed part by part; zeros where a part is
     narrower than the micro-batch."""
     parts = budget.parts(micro_batch)
     if len(parts) == 1:
         return forward(micro_batch)
     outputs = [forward(part) for part in parts]
-    return joined(outputs, micro_batch["completion_ids"].shape[1])
+    return joined(outputs, micro_batch.width)
 
 
 def joined(outputs: list, width: int):

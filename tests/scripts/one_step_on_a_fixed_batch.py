@@ -8,17 +8,21 @@ trainer's own pieces (PolicyLoss, GenerationBatches, Optimization); the main pro
 after the step as OUT_DIR/LOSS.pt. tests/test_processes.py compares one process's with two processes'.
 """
 
+import dataclasses
 import sys
 from pathlib import Path
 
 import torch
 
 import grpo_kit
+from grpo_kit.contract.micro_batch import MicroBatch
 from grpo_kit.model.loading import load_model, load_reference_model
 from grpo_kit.objective.policy_loss import PolicyLoss
+from grpo_kit.objective.sampler_correction import SamplerCorrection
 from grpo_kit.testing import tiny_run
 from grpo_kit.training.batches import GenerationBatches
 from grpo_kit.training.optimization import Optimization
+from grpo_kit.training.plan import BatchPlan
 from grpo_kit.training.setup import build_accelerator
 
 LOSSES = ["grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "luspo", "vespo"]
@@ -32,19 +36,21 @@ SETTINGS = [
 ]
 
 
-def fixed_batch(vocab_size: int) -> dict[str, torch.Tensor]:
+def fixed_batch(vocab_size: int) -> tuple[MicroBatch, torch.Tensor]:
+    """The batch, and how far the sampler's log-probs are from the trainer's (N, T): the rollout correction has
+    something to correct."""
     rng = torch.Generator().manual_seed(0)
     lengths = torch.randint(1, COMPLETION_LENGTH + 1, (COMPLETIONS,), generator=rng)
     completion_mask = (torch.arange(COMPLETION_LENGTH) < lengths.unsqueeze(1)).int()  # (N, T)
-    return {
-        "prompt_ids": torch.randint(2, vocab_size, (COMPLETIONS, PROMPT_LENGTH), generator=rng),  # (N, P)
-        "prompt_mask": torch.ones(COMPLETIONS, PROMPT_LENGTH, dtype=torch.int),
-        "completion_ids": torch.randint(2, vocab_size, (COMPLETIONS, COMPLETION_LENGTH), generator=rng),  # (N, T)
-        "completion_mask": completion_mask,
-        "advantages": torch.randn(COMPLETIONS, generator=rng),  # (N,)
-        # The sampler's log-probs, a little off the trainer's: the rollout correction has something to correct.
-        "sampling_noise": 0.3 * torch.randn(COMPLETIONS, COMPLETION_LENGTH, generator=rng),
-    }
+    batch = MicroBatch(
+        prompt_ids=torch.randint(2, vocab_size, (COMPLETIONS, PROMPT_LENGTH), generator=rng),  # (N, P)
+        prompt_mask=torch.ones(COMPLETIONS, PROMPT_LENGTH, dtype=torch.int),
+        completion_ids=torch.randint(2, vocab_size, (COMPLETIONS, COMPLETION_LENGTH), generator=rng),  # (N, T)
+        completion_mask=completion_mask,
+        advantages=torch.randn(COMPLETIONS, generator=rng),  # (N,)
+    )
+    sampling_noise = 0.3 * torch.randn(COMPLETIONS, COMPLETION_LENGTH, generator=rng)  # (N, T)
+    return batch, sampling_noise
 
 
 def one_step(model_dir: Path, out_dir: Path, loss: str) -> None:
@@ -61,24 +67,34 @@ def one_step(model_dir: Path, out_dir: Path, loss: str) -> None:
     model, optimizer = accelerator.prepare(model, optimizer)
     objective = grpo_kit.build_objective(cfg, registry)
     policy_loss = PolicyLoss(objective, cfg.generation.temperature, entropy_grad=False)
-    batches = GenerationBatches(  # two iterations over each batch: old log-probs at generation
+    plan = BatchPlan(  # two iterations over each batch: old log-probs at generation
+        completions_per_micro_batch=8,
+        accumulation=accumulation,
+        steps_per_generation=accumulation,
+        num_iterations=cfg.algorithm.num_iterations,
+        num_generations=cfg.generation.num_generations,
+        num_processes=accelerator.num_processes,
+        max_steps=1,
+    )
+    # The tiny run samples with the trained model, which needs no correction: this batch's sampler is another.
+    correction = dataclasses.replace(SamplerCorrection.of(cfg, registry), applies=True)
+    batches = GenerationBatches(
         None,
         policy_loss,
+        model,
         reference,
         accelerator,
-        steps_per_generation=accumulation,
-        accumulation=accumulation,
-        num_iterations=cfg.algorithm.num_iterations,
+        plan,
         max_completion_length=cfg.generation.max_completion_length,
-        corrects_rollouts=True,
+        correction=correction,
     )
     optimization = Optimization(model, optimizer, scheduler, accelerator, policy_loss, cfg.trainer.max_grad_norm)
 
-    batch = fixed_batch(accelerator.unwrap_model(model).config.vocab_size)
+    batch, sampling_noise = fixed_batch(accelerator.unwrap_model(model).config.vocab_size)
     share = COMPLETIONS // accelerator.num_processes
-    mine = {name: tensor[accelerator.process_index * share :][:share] for name, tensor in batch.items()}
+    mine = torch.arange(accelerator.process_index * share, (accelerator.process_index + 1) * share)
     reduction = grpo_kit.Reduction(  # the active tokens of every process's share
-        float(batch["completion_mask"].sum()),
+        float(batch.completion_mask.sum()),
         accumulation,
         accumulation,
         accelerator.num_processes,
@@ -86,11 +102,12 @@ def one_step(model_dir: Path, out_dir: Path, loss: str) -> None:
     )
     finite = True
     for start in range(0, share, 8):
-        micro_batch = {name: tensor[start : start + 8] for name, tensor in mine.items()}
+        rows = mine[start : start + 8]
+        micro_batch = batch.rows(rows)
         with torch.no_grad():
             logps, _ = policy_loss.logps(model, micro_batch)
-        micro_batch["sampling_per_token_logps"] = logps + micro_batch.pop("sampling_noise")
-        batches.add_references(model, micro_batch)
+        micro_batch = micro_batch.with_references(sampling_per_token_logps=logps + sampling_noise[rows])
+        micro_batch = batches.with_references(micro_batch)
         _, finite, _ = optimization.train_on(micro_batch, reduction, finite, ends_step=start + 8 == share)
     assert finite
     if accelerator.is_main_process:

@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from grpo_kit.contract.errors import ConfigError
-from grpo_kit.model.vision import VISION_COLUMNS
+from grpo_kit.contract.micro_batch import MicroBatch
 
 MIN_SAVING = 0.2  # two forward passes instead of one where they cover at least this share fewer positions
 
@@ -43,28 +43,17 @@ def length_groups(completion_mask: torch.Tensor, prompt_length: int) -> list[tor
     return [short, long] if split <= (1 - MIN_SAVING) * whole else [rows]
 
 
-def in_length_groups(forward, batch: dict[str, torch.Tensor]):
+def in_length_groups(forward, batch: MicroBatch):
     """`forward(batch)`, whose tensors are (B, T, ...) over the completion positions, computed for each length group
     on its own rows and as many completion positions as its longest completion; zeros where a group stops short."""
-    completion_ids = batch["completion_ids"]
-    groups = length_groups(batch["completion_mask"], batch["prompt_ids"].shape[1])
+    groups = length_groups(batch.completion_mask, batch.prompt_ids.shape[1])
     if len(groups) == 1:
         return forward(batch)
-    length = completion_ids.shape[1]
+    length = batch.width
     outputs = []
     for rows in groups:
-        width = max(int(batch["completion_mask"][rows].sum(dim=1).max()), 1)
-        outputs.append(
-            forward(
-                {
-                    "prompt_ids": batch["prompt_ids"][rows],
-                    "prompt_mask": batch["prompt_mask"][rows],
-                    "completion_ids": completion_ids[rows, :width],
-                    "completion_mask": batch["completion_mask"][rows, :width],
-                    **{name: batch[name][rows] for name in VISION_COLUMNS if name in batch},
-                }
-            )
-        )
+        group = batch.rows(rows)
+        outputs.append(forward(group.cut(max(int(group.completion_mask.sum(dim=1).max()), 1))))
     order = torch.cat(groups)
     inverse = torch.empty_like(order)
     inverse[order] = torch.arange(len(order), device=order.device)

@@ -13,48 +13,35 @@ a row would move by more than `max_shift` (a pass that computes logits needs tha
 
 Without a read of the GPU: whether the rows are one span and how far they move decide what the pass runs, so the
 host must know them, and on a GPU each read of a tensor's value waits for every kernel queued before it. They are
-read once per generation batch instead (`record_row_spans`, which GenerationBatches.make calls) and carried in each
+read once per generation batch instead (`with_row_spans`, which GenerationBatches.make calls) and carried in each
 micro-batch as its `RowSpans`; a micro-batch made otherwise (a test, a script) has them read at its pass.
 
 Switch: model.mask_free_passes=false runs every pass with the attention mask. Figures: benchmarks/README.md,
 "Mask-free passes".
 """
 
-from dataclasses import dataclass
-
 import torch
 
-ROW_SPANS = "row_spans"  # the micro-batch's key of its RowSpans, where its maker recorded them
+from grpo_kit.contract.micro_batch import MicroBatch, RowSpans
 
 
-@dataclass(frozen=True)
-class RowSpans:
-    """Where a micro-batch's rows' tokens lie, as far as a pass needs it, held on the host. Its completions padded
-    further on the right (pad_to_multiple_of) keep them; a pass over some of its rows (a length group, a token
-    budget's part) reads its own, as the code that picks those rows reads values already."""
-
-    one_span: bool  # every row's prompt and completion tokens are one span between padding
-    longest_shift: int  # the most padding before any row's first token: the farthest a row moves
-
-
-def row_spans(batch: dict[str, torch.Tensor]) -> RowSpans:
+def row_spans(batch: MicroBatch) -> RowSpans:
     """`batch`'s RowSpans: those its maker recorded, else read from its masks (one host read)."""
-    return batch.get(ROW_SPANS) or _read([batch])[0]
+    return batch.row_spans or _read([batch])[0]
 
 
-def record_row_spans(micro_batches: list[dict[str, torch.Tensor]]) -> None:
-    """Record each micro-batch's RowSpans in it, with one host read for all of them."""
-    for micro_batch, spans in zip(micro_batches, _read(micro_batches)):
-        micro_batch[ROW_SPANS] = spans
+def with_row_spans(micro_batches: list[MicroBatch]) -> list[MicroBatch]:
+    """The micro-batches with their RowSpans recorded, read with one host read for all of them."""
+    return [batch.with_references(row_spans=spans) for batch, spans in zip(micro_batches, _read(micro_batches))]
 
 
-def _read(batches: list[dict[str, torch.Tensor]]) -> list[RowSpans]:
+def _read(batches: list[MicroBatch]) -> list[RowSpans]:
     facts = torch.stack([_spans_on_device(batch) for batch in batches]).tolist()  # (N, 2): the one read
     return [RowSpans(bool(one_span), int(longest_shift)) for one_span, longest_shift in facts]
 
 
-def _spans_on_device(batch: dict[str, torch.Tensor]) -> torch.Tensor:  # (2,): one span (0 or 1), longest shift
-    attention_mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)  # (B, W)
+def _spans_on_device(batch: MicroBatch) -> torch.Tensor:  # (2,): one span (0 or 1), longest shift
+    attention_mask = torch.cat([batch.prompt_mask, batch.completion_mask], dim=1)  # (B, W)
     columns = torch.arange(attention_mask.shape[1], device=attention_mask.device)  # (W,)
     shift = attention_mask.argmax(dim=1)  # (B,) the row's padding before its first token
     span = (columns >= shift[:, None]) & (columns < (shift + attention_mask.sum(dim=1))[:, None])  # (B, W)

@@ -16,9 +16,9 @@ Switch: model.pad_to_multiple_of.
 """
 
 import torch
-from torch import nn
 
 from grpo_kit.contract.errors import ConfigError
+from grpo_kit.contract.micro_batch import MicroBatch
 
 ON_CUDA = 64  # model.pad_to_multiple_of=auto on a CUDA GPU
 
@@ -41,19 +41,16 @@ def width_multiple(setting, device: torch.device) -> int | None:
     return setting
 
 
-def at_a_multiple_width(forward, batch: dict[str, torch.Tensor], multiple: int | None):
+def at_a_multiple_width(forward, batch: MicroBatch, multiple: int | None):
     """`forward(batch)`, whose tensors are (B, T, ...) over the completion positions, run on `batch` with its
     completions padded on the right so that the pass's width (prompt + completion columns) is a multiple of
     `multiple`; its outputs cut back to the T positions."""
-    length = batch["completion_ids"].shape[1]
-    width = batch["prompt_ids"].shape[1] + length
+    length = batch.completion_ids.shape[1]
+    width = batch.prompt_ids.shape[1] + length
     extra = 0 if multiple is None else -width % multiple
     if extra == 0:
         return forward(batch)
-    padded = dict(batch)
-    for name in ("completion_ids", "completion_mask"):
-        padded[name] = nn.functional.pad(batch[name], (0, extra))  # (B, T + extra): masked, after every token
-    out = forward(padded)
+    out = forward(batch.padded(extra))  # (B, T + extra): masked columns, after every token
     if isinstance(out, tuple):
         return tuple(part[:, :length] for part in out)
     return out[:, :length]
