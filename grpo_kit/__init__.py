@@ -1,9 +1,9 @@
 """grpo_kit: GRPO-family reinforcement learning of language models, every variant a plugin.
 
 The public API: `compose` a config as the CLI would, `build_objective` and `build_advantage` from it (an
-objective takes a `MicroBatch`), `train` it. Plugin authors use `hookimpl`, the protocols and the config and data types of `grpo_kit.contract.kinds`, the errors,
-and, in hooks, the `Run` and `ScoredBatch` of `grpo_kit.contract.pipeline` (docs/plugins/README.md says which modules a
-plugin may import).
+objective takes a `MicroBatch`), `train` it. Plugin authors use `hookimpl`, the protocols and the config and data
+types of `grpo_kit.contract.kinds`, the errors, and, in hooks, the `Run` and `ScoredBatch` of
+`grpo_kit.contract.pipeline` (docs/plugins/README.md says which modules a plugin may import).
 """
 
 __version__ = "0.1.0"

@@ -122,7 +122,8 @@ def test_coefficient_losses_and_logs_equal_trl_step_by_step(registry, trl, tiny_
                 logps, entropies = policy_loss.logps(model, batch)
             theirs._get_per_token_logps_and_entropies = lambda *args, **kwargs: (logps, entropies, None)
             accelerator.sync_gradients = ends_step
-            trl_batch = trl_inputs(batch) | {"num_items_in_batch": torch.tensor(reduction.num_items_in_batch)}  # where TRL reads it
+            # TRL reads the generation batch's token count from its inputs
+            trl_batch = trl_inputs(batch) | {"num_items_in_batch": torch.tensor(reduction.num_items_in_batch)}
             expected = trl.GRPOTrainer._compute_loss(theirs, None, trl_batch)
             where = f"{loss}, quantile {quantile}, target {target:.4f}, micro-batch {index}"
             torch.testing.assert_close(out.loss.detach(), expected, atol=1e-6, rtol=1e-6, msg=where)

@@ -278,7 +278,7 @@ def test_the_masked_pass_stays_where_moving_rows_would_not_do(tiny_model, case):
 
 
 @pytest.mark.parametrize("chunk_size", [None, 64])  # the full logits, and the chunked logits from hidden states
-@pytest.mark.parametrize("switched_off", ["mask_free_passes", "length_groups", "cpu_chunked_attention"])
+@pytest.mark.parametrize("switched_off", ["mask_free_passes", "passes_by_length", "cpu_chunked_attention"])
 def test_each_speed_up_switched_off_gives_the_plain_values_without_it(
     tiny_model, switched_off, chunk_size, monkeypatch
 ):
@@ -312,11 +312,11 @@ def test_each_speed_up_switched_off_gives_the_plain_values_without_it(
         assert_same_values_and_gradients(values, expected)
         return {
             "mask_free_passes": seen["masked passes"] == 0,
-            "length_groups": seen["passes"] == 2,
+            "passes_by_length": seen["passes"] == 2,
             "cpu_chunked_attention": seen["chunked attention"] > 0,
         }
 
-    assert taken(SpeedUps()) == dict.fromkeys(["mask_free_passes", "length_groups", "cpu_chunked_attention"], True)
+    assert taken(SpeedUps()) == dict.fromkeys(["mask_free_passes", "passes_by_length", "cpu_chunked_attention"], True)
     without = taken(SpeedUps(**{switched_off: False}))
     still_taken = {name: name != switched_off for name in without}
     if switched_off == "mask_free_passes":

@@ -12,6 +12,7 @@ from omegaconf import OmegaConf
 import grpo_kit
 from grpo_kit.config.compose import SINGLE_CHOICE_KINDS, with_presets
 from grpo_kit.config.overrides import check_a_reward_may_be_chosen, check_choices
+from grpo_kit.config.schema import under_current_names
 from grpo_kit.config.schema import DEFAULT_CHOICES
 from grpo_kit.contract.errors import ConfigError, PluginError
 from grpo_kit.plugins.registry import Registry, plugin_manager
@@ -368,3 +369,21 @@ def test_an_option_without_a_default_is_named_when_not_set(local_plugin):
         r"option scale, which has no default: set it with advantage.scale=VALUE",
     ):
         grpo_kit.build_advantage(cfg, registry)
+
+
+@pytest.mark.parametrize(
+    ("old", "new"),
+    [("rollouts.save=true", "rollout_files.save=true"), ("model.length_groups=false", "model.passes_by_length=false")],
+)
+def test_a_renamed_option_is_refused_with_its_new_name(registry, old, new):
+    with pytest.raises(ConfigError, match=f"now called .*write {re.escape(new.split('=')[0])} instead"):
+        grpo_kit.compose([old], registry)
+
+
+def test_a_config_saved_under_old_names_reads_under_the_new_ones():
+    saved = {"model": {"length_groups": False, "logits": "full"}, "rollouts": {"save": True, "replay": None}}
+    assert under_current_names(saved) == {
+        "model": {"passes_by_length": False, "logits": "full"},
+        "rollout_files": {"save": True, "replay": None},
+    }
+    assert "rollouts" in saved, "the saved config itself is left as it was"

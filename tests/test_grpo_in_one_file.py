@@ -2,7 +2,7 @@
 and completions, two optimizer steps of each give the same weights within 1e-6, and the same rewards, losses and
 gradient norms.
 
-The trainer records its completions (rollouts.save=true), and the one-file code trains on them in place of sampling
+The trainer records its completions (rollout_files.save=true), and the one-file code trains on them in place of sampling
 its own. The settings make each part of the step count: two micro-batches per step (the token mean must count the
 whole generation batch's tokens), two passes over the batch (the second step is off-policy, and a third of its
 tokens are clipped), an upper clip range of its own (DAPO's clip-higher), weight decay, a first gradient norm above
@@ -90,7 +90,7 @@ def test_two_steps_of_the_one_file_code_give_the_trainers_weights(registry, tmp_
             "+reward=accuracy",
             "+loss=dapo",
             *(f"{option}={value}" for value, option in SETTINGS.values()),
-            "rollouts.save=true",
+            "rollout_files.save=true",
             "trainer.save_model=true",
             "trainer.progress_bar=false",
             "eval.split=null",

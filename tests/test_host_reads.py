@@ -18,7 +18,7 @@ from grpo_kit.objective.policy_loss import PolicyLoss
 from grpo_kit.testing.dispatch import DispatchCounter, forward_input_shapes
 from grpo_kit.testing.micro_batches import add_reference_quantities, half_a_generation_batch, random_micro_batch
 
-GPU_DEFAULTS = SpeedUps(pad_to_multiple_of=64, length_groups=False)  # what auto gives on a CUDA GPU
+GPU_DEFAULTS = SpeedUps(pad_to_multiple_of=64, passes_by_length=False)  # what auto gives on a CUDA GPU
 
 
 @pytest.fixture

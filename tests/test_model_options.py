@@ -162,7 +162,7 @@ def test_the_speed_up_switches_reach_the_policy_and_its_reference(registry, tiny
     assert speed_ups(load_model(ModelConfig(name_or_path=str(tiny_model)))[0]) == SpeedUps()
     for switches, lora in [
         ("model.mask_free_passes=false", "false"),
-        ("model.length_groups=false", "true"),
+        ("model.passes_by_length=false", "true"),
         ("model.cpu_chunked_attention=false", "true"),
     ]:
         cfg = grpo_kit.compose(tiny_run(tiny_model, switches, f"model.lora.enabled={lora}"), registry)

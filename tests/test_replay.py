@@ -39,7 +39,7 @@ def run(registry, tiny_model, directory, *overrides):
             "trainer.learning_rate=1e-2",
             "trainer.progress_bar=false",
             "trainer.save_model=false",
-            "rollouts.save=true",
+            "rollout_files.save=true",
             *overrides,
         ],
         registry,
@@ -51,7 +51,7 @@ def run(registry, tiny_model, directory, *overrides):
 def test_variants_replaying_one_run_see_identical_rewards_and_advantages(registry, tiny_model, tmp_path):
     recorded = run(registry, tiny_model, tmp_path / "recorded", "seed=1")
     variants = [
-        run(registry, tiny_model, tmp_path / name, f"rollouts.replay={tmp_path / 'recorded'}", *overrides)
+        run(registry, tiny_model, tmp_path / name, f"rollout_files.replay={tmp_path / 'recorded'}", *overrides)
         for name, overrides in [
             ("grpo", ["+loss=grpo", "seed=2"]),
             ("gspo", ["+loss=grpo", "importance_sampling=sequence", "seed=3"]),
@@ -69,7 +69,7 @@ def test_variants_replaying_one_run_see_identical_rewards_and_advantages(registr
 def test_replay_checks_the_batch_shape_before_loading_a_model(registry, tiny_model, tmp_path):
     run(registry, tiny_model, tmp_path / "recorded")
     cfg = grpo_kit.compose(
-        ["+reward=length", "generation.num_generations=8", f"rollouts.replay={tmp_path / 'recorded'}"], registry
+        ["+reward=length", "generation.num_generations=8", f"rollout_files.replay={tmp_path / 'recorded'}"], registry
     )
     with pytest.raises(ValueError, match="hold 8 completions of 4 per prompt"):
         grpo_kit.train(cfg, tmp_path / "other", registry)

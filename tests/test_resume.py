@@ -144,11 +144,11 @@ def test_killed_and_resumed_run_ends_bit_for_bit_like_an_unbroken_one(tiny_model
             "algorithm.ref_model_sync_steps=2",
             *ONE_BATCH_A_STEP,
         ),
-        "replay": (f"rollouts.replay={tmp_path / 'recorded'}", "rollouts.save=true", *ONE_BATCH_A_STEP),
+        "replay": (f"rollout_files.replay={tmp_path / 'recorded'}", "rollout_files.save=true", *ONE_BATCH_A_STEP),
     }[setting]
     if setting == "replay":
         subprocess.run(
-            command(tiny_model, tmp_path / "recorded", "rollouts.save=true", *ONE_BATCH_A_STEP),
+            command(tiny_model, tmp_path / "recorded", "rollout_files.save=true", *ONE_BATCH_A_STEP),
             env=env,
             check=True,
             capture_output=True,

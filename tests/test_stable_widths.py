@@ -1,4 +1,4 @@
-"""model.pad_to_multiple_of and model.length_groups=auto: training passes of few distinct shapes on a GPU, with the
+"""model.pad_to_multiple_of and model.passes_by_length=auto: training passes of few distinct shapes on a GPU, with the
 values of unrounded passes (tested on the CPU, with the multiple asked for explicitly)."""
 
 import dataclasses
@@ -26,8 +26,8 @@ def test_auto_rounds_to_64_and_leaves_length_groups_off_on_a_cuda_gpu_only():
     assert width_multiple("auto", CUDA) == 64 and width_multiple("auto", CPU) is None
     assert width_multiple(16, CPU) == 16 and width_multiple(None, CUDA) is None
     assert not takes_length_groups(SpeedUps(), CUDA) and takes_length_groups(SpeedUps(), CPU)
-    assert takes_length_groups(SpeedUps(length_groups=True), CUDA)
-    assert not takes_length_groups(SpeedUps(length_groups=False), CPU)
+    assert takes_length_groups(SpeedUps(passes_by_length=True), CUDA)
+    assert not takes_length_groups(SpeedUps(passes_by_length=False), CPU)
 
 
 @pytest.mark.parametrize("logits", ["full", "chunked", "tiled"])
@@ -42,7 +42,7 @@ def test_rounded_passes_give_the_unrounded_loss_and_gradients(registry, tiny_mod
     batch = add_reference_quantities(batch, logps, old=True, ref=True)
     expected = loss_and_gradients(policy_loss, model, batch)
 
-    use_speed_ups(model, SpeedUps(pad_to_multiple_of=16, length_groups=False))
+    use_speed_ups(model, SpeedUps(pad_to_multiple_of=16, passes_by_length=False))
     with forward_input_shapes(model) as calls:
         actual = loss_and_gradients(policy_loss, model, batch)
     widths = {dict(call)["input_ids"][1] for call in calls}
@@ -74,7 +74,7 @@ def test_micro_batches_of_different_lengths_share_one_width(tiny_model):
     [
         ("model.pad_to_multiple_of=0", "model.pad_to_multiple_of=0 must be auto"),
         ("model.pad_to_multiple_of=often", "model.pad_to_multiple_of='often' must be auto"),
-        ("model.length_groups=sometimes", "model.length_groups='sometimes' must be true, false or auto"),
+        ("model.passes_by_length=sometimes", "model.passes_by_length='sometimes' must be true, false or auto"),
     ],
 )
 def test_a_wrong_setting_is_refused_before_the_weights_load(registry, tiny_model, override, message):
@@ -84,5 +84,5 @@ def test_a_wrong_setting_is_refused_before_the_weights_load(registry, tiny_model
 
 
 def test_the_settings_reach_the_model(tiny_model):
-    model, _ = load_model(ModelConfig(name_or_path=str(tiny_model), pad_to_multiple_of=32, length_groups=True))
-    assert speed_ups(model) == SpeedUps(length_groups=True, pad_to_multiple_of=32)
+    model, _ = load_model(ModelConfig(name_or_path=str(tiny_model), pad_to_multiple_of=32, passes_by_length=True))
+    assert speed_ups(model) == SpeedUps(passes_by_length=True, pad_to_multiple_of=32)

@@ -65,10 +65,9 @@ def test_resuming_from_a_middle_checkpoint_ends_like_the_unbroken_run(registry, 
 
 def test_a_resumed_replay_goes_on_from_its_batch_and_its_recording_from_its_file(registry, tiny_model, tmp_path):
     recorded, unbroken, resumed = tmp_path / "recorded", tmp_path / "unbroken", tmp_path / "resumed"
-    grpo_kit.train(
-        grpo_kit.compose(overrides(tiny_model, "rollouts.save=true", *ONE_BATCH_A_STEP), registry), recorded, registry
-    )
-    replaying = [f"rollouts.replay={recorded}", "rollouts.save=true", *ONE_BATCH_A_STEP]
+    recording = overrides(tiny_model, "rollout_files.save=true", *ONE_BATCH_A_STEP)
+    grpo_kit.train(grpo_kit.compose(recording, registry), recorded, registry)
+    replaying = [f"rollout_files.replay={recorded}", "rollout_files.save=true", *ONE_BATCH_A_STEP]
     grpo_kit.train(grpo_kit.compose(overrides(tiny_model, *replaying), registry), unbroken, registry)
     # The resumed run's own recording goes on from the checkpoint: it starts with the files recorded before it.
     shutil.copytree(unbroken / "rollouts", resumed / "rollouts")

@@ -282,7 +282,7 @@ def test_num_tokens_counts_every_prompt_and_completion_token_generated(registry,
     overrides = tiny_run(
         tiny_model,
         "+reward=digits",
-        "rollouts.save=true",
+        "rollout_files.save=true",
         "trainer.gradient_accumulation_steps=2",
         "trainer.logging_steps=1",
     )

@@ -121,12 +121,12 @@ def test_the_images_change_the_log_probs(policy, batch, direct):
     assert (masked(blind, batch.completion_mask) - direct).abs().max() > 1e-2
 
 
-@pytest.mark.parametrize("length_groups", [True, False])
-def test_full_logits_path(policy, batch, direct, length_groups):
+@pytest.mark.parametrize("passes_by_length", [True, False])
+def test_full_logits_path(policy, batch, direct, passes_by_length):
     from grpo_kit.model.fast.switches import speed_ups_of, use_speed_ups
 
     saved = speed_ups_of(policy)
-    use_speed_ups(policy, dataclasses.replace(saved, length_groups=length_groups))
+    use_speed_ups(policy, dataclasses.replace(saved, passes_by_length=passes_by_length))
     try:
         with torch.no_grad():
             logps, _ = per_token_logps_and_entropies(policy, batch, 1.0)

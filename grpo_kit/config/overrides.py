@@ -12,7 +12,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import Override
 
 from grpo_kit.config.presets import PRESET_FOR_PATH, preset_groups
-from grpo_kit.config.schema import DEFAULT_CHOICES, RunConfig, named_plugin_config
+from grpo_kit.config.schema import DEFAULT_CHOICES, RENAMED_OPTIONS, RunConfig, named_plugin_config
 from grpo_kit.contract.errors import ConfigError, PluginError
 from grpo_kit.contract.kinds import KINDS, MULTI_CHOICE_KINDS
 from grpo_kit.plugins.registry import Registry
@@ -22,12 +22,24 @@ def check_choices(overrides: list[str] | tuple[str, ...], registry: Registry) ->
     """Fail on an unknown key, or on a plugin name that is not installed (with the installed choices), before
     anything is composed."""
     parsed = OverridesParser.create().parse_overrides(list(overrides))
+    check_renamed(parsed)
     check_top_level_keys(parsed)
     for override in parsed:
         if override.key_or_group in KINDS and not override.is_delete():
             for name in chosen_names(override):
                 registry.get(override.key_or_group, name)
     check_option_keys(parsed, registry)
+
+
+def check_renamed(overrides: list[Override]) -> None:
+    """Fail on an option that has a new name, saying it."""
+    for override in overrides:
+        key = override.key_or_group
+        for old, new in RENAMED_OPTIONS.items():
+            if key == old or key.startswith(old + "."):
+                raise ConfigError(
+                    f"{override.input_line}: {old} is now called {new}; write {new + key[len(old) :]} instead."
+                )
 
 
 def check_top_level_keys(overrides: list[Override]) -> None:

@@ -5,6 +5,7 @@ No Hydra here: a module that needs a section's type imports it from this module,
 run with Hydra (grpo_kit/config/compose.py).
 """
 
+import copy
 import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
@@ -61,7 +62,7 @@ class ModelConfig:
     mask_free_passes: bool = True  # no attention mask where each row's tokens are one span: rows moved left
     # A micro-batch of mixed completion lengths as two passes, each cut to its longest: true, false, or auto (on, but
     # on a CUDA GPU, where each pass's shape costs kernel plans). `Any`: a boolean or "auto".
-    length_groups: Any = "auto"
+    passes_by_length: Any = "auto"
     cpu_chunked_attention: bool = True  # a CPU model's SDPA causal attention in chunks of 64 queries
     # Each training pass's width (prompt + completion columns) rounded up to a multiple of this many tokens, so that a
     # GPU sees few shapes (TRL's pad_to_multiple_of): a number, null, or auto (64 on a CUDA GPU, none elsewhere).
@@ -223,8 +224,8 @@ class EvalSetConfig:
 
 
 @dataclass
-class RolloutsConfig:
-    save: bool = False  # keep every scored generation batch in RUN_DIR/rollouts/ (for rollouts.replay)
+class RolloutFilesConfig:
+    save: bool = False  # keep every scored generation batch in RUN_DIR/rollouts/ (for rollout_files.replay)
     replay: str | None = None  # a run directory whose saved rollouts this run trains on instead of generating
 
 
@@ -235,7 +236,7 @@ class RunConfig:
     data: DataConfig = field(default_factory=DataConfig)
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
-    rollouts: RolloutsConfig = field(default_factory=RolloutsConfig)
+    rollout_files: RolloutFilesConfig = field(default_factory=RolloutFilesConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     # One node per plugin kind, filled by the group choices (`+loss=dapo`, `advantage=rloo`, ...).
     loss: Any = None
@@ -253,3 +254,30 @@ class RunConfig:
 def named_plugin_config(config: type, name: str) -> type:
     """The plugin's dataclass plus the `name` field that tells the core which plugin the node belongs to."""
     return dataclasses.make_dataclass(config.__name__, [("name", str, field(default=name))], bases=(config,))
+
+
+# Options renamed since 0.1, old path -> new: a command line that names an old one is told the new name, and a run
+# saved under an old one (its checkpoints' config, a sweep's config.yaml) reads as if saved under the new one.
+RENAMED_OPTIONS = {
+    "rollouts": "rollout_files",  # beside `rollout` (+rollout=NAME, a custom rollout plugin) it read as its plural
+    "model.length_groups": "model.passes_by_length",  # beside trainer.group_by_length, which orders micro-batches
+}
+
+
+def under_current_names(config: dict) -> dict:
+    """A saved config (nested dicts) with every renamed option moved to its current name."""
+    config = copy.deepcopy(config)
+    for old, new in RENAMED_OPTIONS.items():
+        *old_parents, old_name = old.split(".")
+        *new_parents, new_name = new.split(".")
+        holder = config
+        for parent in old_parents:
+            holder = holder.get(parent) if isinstance(holder, dict) else None
+        if not isinstance(holder, dict) or old_name not in holder:
+            continue
+        value = holder.pop(old_name)
+        target = config
+        for parent in new_parents:
+            target = target.setdefault(parent, {})
+        target.setdefault(new_name, value)
+    return config

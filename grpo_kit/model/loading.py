@@ -24,7 +24,7 @@ log = logging.getLogger(__name__)
 def load_model(cfg: ModelConfig, checkpointing_kwargs: dict | None = None):
     """The policy as `cfg` asks for it (adapters, dropout, head precision, checkpointing with
     `checkpointing_kwargs`, the speed-ups its passes take), and its tokenizer."""
-    check_length_groups(cfg.length_groups)
+    check_length_groups(cfg.passes_by_length)
     check_multiple(cfg.pad_to_multiple_of)
     if cfg.lora.enabled:
         check_peft_installed()
@@ -52,7 +52,7 @@ def load_model(cfg: ModelConfig, checkpointing_kwargs: dict | None = None):
         model = add_adapters(model, cfg.lora, exclude=None if train_vision_tower else vision_tower_name(model))
     if cfg.disable_dropout:  # after the adapters, whose own dropout goes too
         disable_dropout(model)
-    switches = (cfg.mask_free_passes, cfg.length_groups, cfg.cpu_chunked_attention)
+    switches = (cfg.mask_free_passes, cfg.passes_by_length, cfg.cpu_chunked_attention)
     use_speed_ups(model, SpeedUps(*switches, pad_to_multiple_of=cfg.pad_to_multiple_of))
     return model, tokenizer
 

@@ -144,7 +144,7 @@ def run_model(model, inputs: dict[str, torch.Tensor], **kwargs):
 
 
 def speed_ups(model) -> SpeedUps:
-    """The speed-ups `model`'s passes take (model.mask_free_passes, model.length_groups,
+    """The speed-ups `model`'s passes take (model.mask_free_passes, model.passes_by_length,
     model.cpu_chunked_attention)."""
     return speed_ups_of(unwrapped(model))
 

@@ -16,7 +16,7 @@ model that fails the comparison is refused (`PackingRefused`).
 
 Where a micro-batch cannot be packed (a row with padding inside its tokens, which a custom rollout's mask may have,
 or a row with no prompt token to predict its first completion token), its passes run padded, and the log says so
-once. The padded path's own padding savers (model.mask_free_passes, model.length_groups) do not apply to packed
+once. The padded path's own padding savers (model.mask_free_passes, model.passes_by_length) do not apply to packed
 passes, which have no padding to save; model.cpu_chunked_attention leaves a pass with several sequences per row to
 SDPA, which then reads the packed-sequence mask.
 """

@@ -32,6 +32,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from safetensors import SafetensorError
 
+from grpo_kit.config.schema import under_current_names
 from grpo_kit.config.secrets import REDACTED, redacted
 from grpo_kit.contract.distributed import is_main_process
 from grpo_kit.contract.errors import ConfigError, InputFileError
@@ -386,7 +387,7 @@ RESUMABLE_CHANGES = {
     "model.logits_chunk_size",
     "model.logits_vocab_tile",
     "model.mask_free_passes",
-    "model.length_groups",
+    "model.passes_by_length",
     "model.cpu_chunked_attention",
     "model.pad_to_multiple_of",
 }
@@ -396,7 +397,7 @@ def check_resumable(saved: dict, cfg: DictConfig, checkpoint: Path) -> None:
     """Refuse to resume under other settings (unless trainer.resume_force): the result would be neither run."""
     changed = [
         f"{key}: {before!r} -> {after!r}" + _why_it_matters(key, cfg)
-        for key, before, after in _differences(saved, as_json(redacted(cfg)))
+        for key, before, after in _differences(under_current_names(saved), as_json(redacted(cfg)))
         if key not in RESUMABLE_CHANGES and not (key in LENGTH_SETTINGS and _schedule_is_constant(cfg))
     ]
     if changed and not cfg.trainer.resume_force:

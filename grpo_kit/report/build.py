@@ -17,7 +17,7 @@ def write_report(sweep_dir: Path, plots: bool = True, baseline: str | None = Non
 
     `sweep_dir` is a Hydra multirun directory (its runs in subfolders 0/, 1/, ...) or a single run's directory.
     Without matplotlib the tables are still written and report.md says how to get the figures. When runs trained
-    on frozen rollouts (rollouts.replay), the other variants are compared with `baseline` (a variant's label or
+    on frozen rollouts (rollout_files.replay), the other variants are compared with `baseline` (a variant's label or
     overrides only it has; by default the first label in sorted order) step by step: paired.csv and figures.
     """
     sweep_dir = Path(sweep_dir)

@@ -17,6 +17,8 @@ from pathlib import Path
 
 import yaml
 
+from grpo_kit.config.schema import under_current_names
+
 log = logging.getLogger(__name__)
 
 # A folder holding any of these is a run (a run that failed before training wrote only .hydra/ and error.txt).
@@ -182,9 +184,11 @@ def load_run(directory: Path, sweep_dir: Path) -> Run:
         overrides=_read_yaml(directory / ".hydra" / "overrides.yaml", default=[]) or [],
         # The trainer's resolved config.yaml, else the one Hydra composed before the run started (a run that
         # failed early has only that), for the seed and the batch sizes.
-        config=_read_yaml(directory / "config.yaml", default=None)
-        or _read_yaml(directory / ".hydra" / "config.yaml", default=None)
-        or {},
+        config=under_current_names(
+            _read_yaml(directory / "config.yaml", default=None)
+            or _read_yaml(directory / ".hydra" / "config.yaml", default=None)
+            or {}
+        ),
         metrics=_read_metrics(directory / "metrics.jsonl"),
         error=(directory / "error.txt").read_text() if (directory / "error.txt").is_file() else None,
         evaluation=_read_json(directory / "eval.json"),

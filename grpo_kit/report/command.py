@@ -8,8 +8,8 @@ DESCRIPTION = (
     "Write report.md, runs.csv, variants.csv and PNG figures into a sweep's directory (multirun/DATE/TIME) or a "
     "run's directory: final and best reward, wall time and throughput per run and per variant (runs that differ "
     "only by seed), and the reward, length, KL, entropy and clipping curves; for runs on frozen rollouts "
-    "(rollouts.replay), paired.csv and figures of each variant's differences from a baseline, step by step. Sweeps "
-    "write it themselves at the end; run this for a sweep that was stopped, or is still going, or for another "
+    "(rollout_files.replay), paired.csv and figures of each variant's differences from a baseline, step by step. "
+    "Sweeps write it themselves at the end; run this for a sweep that was stopped, or is still going, or for another "
     "baseline."
 )
 

@@ -132,17 +132,17 @@ def _paired_section(paired: PairedComparison, figures: list[Path]) -> list[str]:
         f"## Paired differences vs {_cell(paired.baseline)} (frozen rollouts)",
         "",
         (
-            f"These runs trained on the frozen rollouts of {replays} (rollouts.replay), so at each step a variant and "
-            "the baseline with the same seed saw the same prompts, completions and rewards: the difference of their "
-            "metrics is the objective's alone. A cell: the per-step difference variant − baseline averaged over the "
-            "steps (or over their last quarter), then mean ± std over the seeds both ran. Per step: paired.csv."
+            f"These runs trained on the frozen rollouts of {replays} (rollout_files.replay), so at each step a variant "
+            "and the baseline with the same seed saw the same prompts, completions and rewards: the difference of "
+            "their metrics is the objective's alone. A cell: the per-step difference variant − baseline averaged over "
+            "the steps (or over their last quarter), then mean ± std over the seeds both ran. Per step: paired.csv."
         ),
         "",
     ]
     if paired.reward_mismatches:
         lines += [
             "> **Reward differs under replay**: these pairs did not see the same rollouts, so their differences are "
-            "not the objective's alone (another rollouts.replay directory, other batch settings, a hook that "
+            "not the objective's alone (another rollout_files.replay directory, other batch settings, a hook that "
             "resamples groups?)",
             *[f"> - {mismatch}" for mismatch in paired.reward_mismatches],
         ]

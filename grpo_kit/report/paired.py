@@ -1,6 +1,6 @@
 """Paired differences for sweeps on frozen rollouts: variant - baseline, seed by seed and step by step.
 
-With `rollouts.replay=DIR` the runs of a sweep train on the same saved generation batches, so at a given step a
+With `rollout_files.replay=DIR` the runs of a sweep train on the same saved generation batches, so at a given step a
 variant and the baseline, with the same seed, saw the same prompts, completions and rewards. The difference of
 their losses, KLs, entropies or clip ratios at that step is then the objective's alone, without the sampling noise
 that makes the curves of a few seeds hard to tell apart. Runs are paired by (replay directory, seed) and their
@@ -120,7 +120,7 @@ def compare(variants: list[Variant], baseline: str | None = None) -> PairedCompa
         if baseline is not None:
             raise ReportError(
                 f"--baseline {baseline!r}: paired differences need two variants with completed runs on frozen "
-                f"rollouts (rollouts.replay=DIR), and this sweep has {len(replaying)}. Leave --baseline out."
+                f"rollouts (rollout_files.replay=DIR), and this sweep has {len(replaying)}. Leave --baseline out."
             )
         return None
     base = find_baseline(replaying, baseline) if baseline is not None else min(replaying, key=lambda v: v.label)
@@ -171,7 +171,7 @@ def figure_name(metric: str) -> str:
 
 def replay_of(run: Run) -> str | None:
     """The rollouts directory a run trained on, from its resolved config."""
-    return (run.config.get("rollouts") or {}).get("replay")
+    return (run.config.get("rollout_files") or {}).get("replay")
 
 
 def _replaying(variant: Variant) -> list[Run]:

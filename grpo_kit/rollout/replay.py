@@ -1,6 +1,6 @@
 """Frozen rollouts: save every scored generation batch of a run, and train another run on exactly those batches.
 
-A sweep over losses, importance-sampling levels or corrections with `rollouts.replay=DIR` compares them on
+A sweep over losses, importance-sampling levels or corrections with `rollout_files.replay=DIR` compares them on
 identical prompts, completions, sampler log-probs and rewards, so the differences it shows are the objective's
 alone. (Replayed completions were sampled from the recorded run's policy, so after the first step they are
 off-policy for the replaying run: that is what a paired comparison on frozen data means.)
@@ -52,8 +52,8 @@ class RolloutReplay:
         self.files = sorted(self.directory.glob("*.pt"))
         if not self.files:
             raise FileNotFoundError(
-                f"rollouts.replay={run_dir} holds no saved rollouts ({self.directory}/*.pt): record them first with "
-                "a run that sets rollouts.save=true."
+                f"rollout_files.replay={run_dir} holds no saved rollouts ({self.directory}/*.pt): record them first "
+                "with a run that sets rollout_files.save=true."
             )
         first = self._load(0)
         if first.num_generations != num_generations or len(first.rows) != batch_size:
@@ -66,7 +66,7 @@ class RolloutReplay:
     def next(self) -> ScoredBatch:
         if self.count == len(self.files):
             raise RuntimeError(
-                f"rollouts.replay has {len(self.files)} generation batches and this run needs more: lower "
+                f"rollout_files.replay has {len(self.files)} generation batches and this run needs more: lower "
                 "trainer.max_steps (or algorithm.num_iterations x steps_per_generation) to fit them."
             )
         self.count += 1

@@ -31,8 +31,8 @@ def check_asynchronous(cfg: DictConfig, generation) -> None:
             "backends can, and why; or set algorithm.max_staleness=0."
         )
     conflicts = []
-    if cfg.rollouts.replay:
-        conflicts.append("rollouts.replay replays saved rollouts instead of generating")
+    if cfg.rollout_files.replay:
+        conflicts.append("rollout_files.replay replays saved rollouts instead of generating")
     if cfg.rollout is not None:
         conflicts.append(f"+rollout={cfg.rollout.name} generates by itself")
     if cfg.tools or cfg.environment is not None:

@@ -138,7 +138,7 @@ def setup(cfg: DictConfig, run_dir: Path, registry: Registry) -> tuple[Session, 
     check_model_path(cfg.model.name_or_path)
     prompts = load_checked_prompts(cfg, plugins.rewards, accelerator)
     plan = BatchPlan.of(cfg, accelerator.num_processes, len(prompts.train))
-    replay = cfg.rollouts.replay
+    replay = cfg.rollout_files.replay
     replay = RolloutReplay(replay, plan.num_generations, plan.generation_batch_size) if replay else None
     check_optimization(cfg.trainer, accelerator.device, plan.max_steps)
     write_run_config(cfg, run_dir, accelerator, plan)
@@ -336,7 +336,7 @@ def build_rollout(
         eos_token_ids=policy.eos,
         with_logprobs=plugins.correction.applies,  # the sampler's log-probs, which the correction reads
         replay=replay,
-        recorder=RolloutRecorder(run_dir) if cfg.rollouts.save else None,
+        recorder=RolloutRecorder(run_dir) if cfg.rollout_files.save else None,
         tool_use=build_tool_use(cfg, registry, policy.tokenizer, resources.generation, accelerator, policy.eos),
         custom=build_custom_rollout(cfg, registry),
         images=policy.images,
@@ -393,9 +393,9 @@ def build_accelerator(t: DictConfig, run_dir: Path, trackers: list[str]) -> Acce
 
 
 def check_recording(cfg: DictConfig, num_processes: int) -> None:
-    """rollouts.save and rollouts.replay hold one process's generation batches."""
-    if num_processes > 1 and (cfg.rollouts.save or cfg.rollouts.replay):
+    """rollout_files.save and rollout_files.replay hold one process's generation batches."""
+    if num_processes > 1 and (cfg.rollout_files.save or cfg.rollout_files.replay):
         raise ConfigError(
-            "rollouts.save and rollouts.replay record and replay one process's generation batches: run them with "
-            f"one process (this run has {num_processes})."
+            "rollout_files.save and rollout_files.replay record and replay one process's generation batches: run them "
+            f"with one process (this run has {num_processes})."
         )

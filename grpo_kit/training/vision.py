@@ -37,7 +37,8 @@ def check_image_run(cfg: DictConfig, generation) -> None:
         "trainer.packing=true": cfg.trainer.packing,
         "tool use (+environment, tools=[...])": cfg.environment is not None or bool(cfg.tools),
         "+rollout (a rollout plugin)": cfg.rollout is not None,
-        "rollouts.save / rollouts.replay (frozen rollouts)": cfg.rollouts.save or bool(cfg.rollouts.replay),
+        "rollout_files.save / rollout_files.replay (frozen rollouts)": cfg.rollout_files.save
+        or bool(cfg.rollout_files.replay),
     }
     for setting, chosen in refused.items():
         if chosen:

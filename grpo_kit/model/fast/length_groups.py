@@ -8,10 +8,10 @@ padding after it, and prompts keep their columns, so their positions.
 
 When it applies: where the two passes cover at least MIN_SAVING fewer positions than one; otherwise one pass runs.
 
-On a CUDA GPU it is off unless asked for (model.length_groups=auto): each group is one more pass and one more shape,
+On a CUDA GPU it is off unless asked for (model.passes_by_length=auto): each group is one more pass and one more shape,
 whose kernel plans cost more there than the padding they save.
 
-Switch: model.length_groups=false always runs one pass, true splits wherever it saves. Figures: benchmarks/README.md,
+Switch: model.passes_by_length=false always runs one pass, true splits wherever it saves. Figures: benchmarks/README.md,
 "Length groups".
 """
 
@@ -25,9 +25,9 @@ MIN_SAVING = 0.2  # two forward passes instead of one where they cover at least 
 
 
 def check_length_groups(setting) -> None:
-    """Refuse a model.length_groups that is neither true, false nor auto."""
+    """Refuse a model.passes_by_length that is neither true, false nor auto."""
     if setting not in (True, False, "auto"):
-        raise ConfigError(f"model.length_groups={setting!r} must be true, false or auto (on, but on a CUDA GPU).")
+        raise ConfigError(f"model.passes_by_length={setting!r} must be true, false or auto (on, but on a CUDA GPU).")
 
 
 def length_groups(completion_mask: torch.Tensor, prompt_length: int) -> list[torch.Tensor]:

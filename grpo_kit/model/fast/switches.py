@@ -14,20 +14,20 @@ ATTRIBUTE = "_grpo_kit_speed_ups"
 @dataclass(frozen=True)
 class SpeedUps:
     """Each true: the speed-up where it applies (fast/*.py says where); false: the plain path. The config's
-    model.mask_free_passes, model.length_groups (auto: off on a CUDA GPU, where each group is one more shape),
+    model.mask_free_passes, model.passes_by_length (auto: off on a CUDA GPU, where each group is one more shape),
     model.cpu_chunked_attention and model.pad_to_multiple_of (fast/stable_widths.py); and trainer.packing, off unless
     asked for (grpo_kit/model/packing.py)."""
 
     mask_free_passes: bool = True
-    length_groups: Any = "auto"  # true, false, or auto
+    passes_by_length: Any = "auto"  # true, false, or auto
     cpu_chunked_attention: bool = True
     packing: bool = False
     pad_to_multiple_of: Any = "auto"  # tokens, None, or auto
 
 
 def takes_length_groups(speed_ups: SpeedUps, device) -> bool:
-    """Whether passes on `device` run in length groups: model.length_groups, where auto is on but on a CUDA GPU."""
-    return device.type != "cuda" if speed_ups.length_groups == "auto" else bool(speed_ups.length_groups)
+    """Whether passes on `device` run in length groups: model.passes_by_length, where auto is on but on a CUDA GPU."""
+    return device.type != "cuda" if speed_ups.passes_by_length == "auto" else bool(speed_ups.passes_by_length)
 
 
 def use_speed_ups(model, speed_ups: SpeedUps) -> None:
