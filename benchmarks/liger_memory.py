@@ -59,19 +59,19 @@ def measure(setting: str, args) -> dict:
     policy_loss = PolicyLoss(grpo_kit.build_objective(cfg), 1.0, False, logits=setting, chunk_size=args.chunk_size)
     batch_size, length = args.batch, args.length
     generator = torch.Generator().manual_seed(1)
-    batch = {
-        "prompt_ids": torch.randint(args.vocab, (batch_size, args.prompt), generator=generator),
-        "prompt_mask": torch.ones(batch_size, args.prompt, dtype=torch.long),
-        "completion_ids": torch.randint(args.vocab, (batch_size, length), generator=generator),
-        "completion_mask": torch.ones(batch_size, length, dtype=torch.long),
-        "advantages": torch.randn(batch_size, generator=generator),
+    batch = grpo_kit.MicroBatch(
+        prompt_ids=torch.randint(args.vocab, (batch_size, args.prompt), generator=generator),
+        prompt_mask=torch.ones(batch_size, args.prompt, dtype=torch.long),
+        completion_ids=torch.randint(args.vocab, (batch_size, length), generator=generator),
+        completion_mask=torch.ones(batch_size, length, dtype=torch.long),
+        advantages=torch.randn(batch_size, generator=generator),
         # log-probs of a random token under a near-uniform distribution, and two other policies near it
-        "old_per_token_logps": -12.0 + 0.1 * torch.randn(batch_size, length, generator=generator),
-        "ref_per_token_logps": -12.0 + 0.1 * torch.randn(batch_size, length, generator=generator),
-    }
-    batch["completion_mask"][:, length - length // 8 :] = 0  # some padding
-    reduction = grpo_kit.Reduction.whole_batch(batch["completion_mask"], policy_loss.objective.max_completion_length)
-    batch = {name: tensor.to(device) for name, tensor in batch.items()}
+        old_per_token_logps=-12.0 + 0.1 * torch.randn(batch_size, length, generator=generator),
+        ref_per_token_logps=-12.0 + 0.1 * torch.randn(batch_size, length, generator=generator),
+    )
+    batch.completion_mask[:, length - length // 8 :] = 0  # some padding
+    reduction = grpo_kit.Reduction.whole_batch(batch.completion_mask, policy_loss.objective.max_completion_length)
+    batch = batch.to(device)
     cuda = device.type == "cuda"
     baseline = torch.cuda.memory_allocated(device) / 2**20 if cuda else resident_mib()
     seconds = []

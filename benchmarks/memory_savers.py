@@ -34,6 +34,7 @@ def measure(model_dir: str, setting: dict, batch: int, length: int, steps: int) 
     from accelerate import Accelerator
 
     from grpo_kit.config.schema import LoraConfig, ModelConfig
+    from grpo_kit.contract.micro_batch import MicroBatch
     from grpo_kit.model.loading import load_model
     from grpo_kit.model.logprobs import per_token_logps_and_entropies
 
@@ -48,13 +49,14 @@ def measure(model_dir: str, setting: dict, batch: int, length: int, steps: int) 
     model.train()
     torch.manual_seed(0)
     vocab = accelerator.unwrap_model(model).config.vocab_size
-    batch_tensors = {
-        "prompt_ids": torch.randint(2, vocab, (batch, 32)),
-        "prompt_mask": torch.ones(batch, 32, dtype=torch.long),
-        "completion_ids": torch.randint(2, vocab, (batch, length)),  # (B, T)
-        "completion_mask": torch.ones(batch, length, dtype=torch.long),
-    }
     advantages = torch.randn(batch, 1)  # (B, 1)
+    batch_tensors = MicroBatch(
+        prompt_ids=torch.randint(2, vocab, (batch, 32)),
+        prompt_mask=torch.ones(batch, 32, dtype=torch.long),
+        completion_ids=torch.randint(2, vocab, (batch, length)),  # (B, T)
+        completion_mask=torch.ones(batch, length, dtype=torch.long),
+        advantages=advantages.view(-1),
+    )
     loaded = peak_rss_mib()
     seconds = []
     for _ in range(steps + 1):

@@ -13,22 +13,24 @@ import time
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
+from grpo_kit.contract.micro_batch import MicroBatch
 from grpo_kit.model.fast.switches import SpeedUps, use_speed_ups
 from grpo_kit.model.logprobs import per_token_logps_and_entropies
 
 
-def mixed_batch(rows: int, vocab: int, generator: torch.Generator) -> dict[str, torch.Tensor]:
+def mixed_batch(rows: int, vocab: int, generator: torch.Generator) -> MicroBatch:
     prompt_lengths = torch.randint(20, 201, (rows,), generator=generator)
     completion_lengths = torch.randint(8, 257, (rows,), generator=generator)
     prompt_width, width = int(prompt_lengths.max()), int(completion_lengths.max())
     prompt_mask = (torch.arange(prompt_width) >= prompt_width - prompt_lengths[:, None]).long()
     completion_mask = (torch.arange(width) < completion_lengths[:, None]).long()
-    return {
-        "prompt_ids": torch.randint(1, vocab, (rows, prompt_width), generator=generator) * prompt_mask,
-        "prompt_mask": prompt_mask,
-        "completion_ids": torch.randint(1, vocab, (rows, width), generator=generator) * completion_mask,
-        "completion_mask": completion_mask,
-    }
+    return MicroBatch(
+        prompt_ids=torch.randint(1, vocab, (rows, prompt_width), generator=generator) * prompt_mask,
+        prompt_mask=prompt_mask,
+        completion_ids=torch.randint(1, vocab, (rows, width), generator=generator) * completion_mask,
+        completion_mask=completion_mask,
+        advantages=torch.zeros(rows),  # a pass's log-probs read none
+    )
 
 
 def seconds(model, batch, repeats: int) -> float:
@@ -37,7 +39,7 @@ def seconds(model, batch, repeats: int) -> float:
         model.zero_grad(set_to_none=True)
         started = time.perf_counter()
         logps, _ = per_token_logps_and_entropies(model, batch, 1.0, chunk_size=1024)
-        (logps * batch["completion_mask"]).sum().backward()
+        (logps * batch.completion_mask).sum().backward()
         times.append(time.perf_counter() - started)
     return min(times[1:])
 
@@ -63,8 +65,8 @@ def main() -> None:
     )
     model = Qwen2ForCausalLM(config).train()
     batch = mixed_batch(args.rows, args.vocab, torch.Generator().manual_seed(0))
-    real = int(batch["prompt_mask"].sum() + batch["completion_mask"].sum())
-    padded_tokens = batch["prompt_mask"].numel() + batch["completion_mask"].numel()
+    real = int(batch.prompt_mask.sum() + batch.completion_mask.sum())
+    padded_tokens = batch.prompt_mask.numel() + batch.completion_mask.numel()
     padded = seconds(model, batch, args.repeats)
     use_speed_ups(model, SpeedUps(packing=True))
     packed = seconds(model, batch, args.repeats)

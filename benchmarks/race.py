@@ -314,7 +314,7 @@ def time_grpo_kit_phases(timer: PhaseTimer) -> None:
     timer.wrap(grpo_kit.training.batches.GenerationBatches, "make", "rollout")
     timer.wrap(grpo_kit_transformers.generation.TransformersGeneration, "generate", "generate")
     timer.wrap(grpo_kit.rollout.scoring.Scorer, "__call__", "score")
-    timer.wrap(grpo_kit.training.batches.GenerationBatches, "add_references", "old/ref log-probs")
+    timer.wrap(grpo_kit.training.batches.GenerationBatches, "with_references", "old/ref log-probs")
     timer.wrap(grpo_kit.objective.policy_loss.PolicyLoss, "__call__", "forward+loss")
 
 
@@ -499,9 +499,12 @@ def bare_child(
       own longest prompt and completion; the old log-probs of a micro-batch trained on before the policy's next
       step (W2, W4b's first iteration) are its own training pass's, detached, and only the reference's (beta > 0)
       take a pass without gradient."""
+    import dataclasses
+
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
+    from grpo_kit.contract.micro_batch import MicroBatch
     from grpo_kit.model.fast.tiled_logits import why_not_tiled
     from grpo_kit.model.logprobs import OutputHead, per_token_logps_and_entropies
     from grpo_kit_transformers.cast_once import weights_cast_once
@@ -562,14 +565,10 @@ def bare_child(
         return per_token_logps_and_entropies(policy, batch, 1.0, chunk_size=chunk_size, vocab_tile=vocab_tile)[0]
 
     def cut(batch, rows):  # the micro-batch of these rows, cut to its own longest prompt and completion
-        part = {name: tensor[rows] for name, tensor in batch.items()}
-        prompt_width = int(part["prompt_mask"].sum(1).max())  # prompts are padded on the left, completions right
-        completion_width = int(part["completion_mask"].sum(1).max())
-        for name in ("prompt_ids", "prompt_mask"):
-            part[name] = part[name][:, part[name].shape[1] - prompt_width :]
-        for name in ("completion_ids", "completion_mask"):
-            part[name] = part[name][:, :completion_width]
-        return part
+        part = batch.rows(rows)
+        prompt_width = int(part.prompt_mask.sum(1).max())  # prompts are padded on the left, completions right
+        prompts = {"prompt_ids": part.prompt_ids[:, -prompt_width:], "prompt_mask": part.prompt_mask[:, -prompt_width:]}
+        return dataclasses.replace(part, **prompts).cut(int(part.completion_mask.sum(1).max()))
 
     step_ends, generations, micro_step, micro_batches, cursor = {}, [], 0, [], 0
     step_ends[0] = time.perf_counter()
@@ -601,35 +600,34 @@ def bare_child(
                     rewards = torch.tensor(reward_function(workload)(answers, **columns), device=device)
                     groups = rewards.view(-1, NUM_GENERATIONS)
                     advantages = (groups - groups.mean(1, keepdim=True)) / (groups.std(1, keepdim=True) + 1e-4)
-                batch = {
-                    "prompt_ids": prompts.input_ids,
-                    "prompt_mask": prompts.attention_mask,
-                    "completion_ids": completions,
-                    "completion_mask": completion_mask,
-                    "advantages": advantages.view(-1),
-                }
+                prompt_ids, prompt_mask = prompts.input_ids, prompts.attention_mask
+                batch = MicroBatch(prompt_ids, prompt_mask, completions, completion_mask, advantages.view(-1))
                 active_tokens = completion_mask.sum()
                 # rows by length, so that a micro-batch pads little (a step is a whole generation batch here)
                 order = (prompts.attention_mask.sum(1) + completion_mask.sum(1)).argsort()
                 micro_batches = [cut(batch, rows) for rows in order.chunk(workload.gradient_accumulation_steps)]
                 if reference is not None:
                     with PHASES.time("old/ref log-probs"), torch.no_grad(), autocast:
-                        for micro_batch in micro_batches:
-                            micro_batch["ref"] = log_probs(reference, micro_batch)
+                        micro_batches = [
+                            micro_batch.with_references(ref_per_token_logps=log_probs(reference, micro_batch))
+                            for micro_batch in micro_batches
+                        ]
                 model.train()
-            micro_batch = micro_batches[micro_step % workload.gradient_accumulation_steps]
+            position = micro_step % workload.gradient_accumulation_steps
+            micro_batch = micro_batches[position]
             micro_step += 1
             with PHASES.time("forward+loss"), autocast:  # dapo: clipped ratio times advantage, over the batch's tokens
                 logps = log_probs(model, micro_batch)
-                ratio = torch.exp(logps - micro_batch.get("old", logps.detach()))
-                advantages = micro_batch["advantages"][:, None]
+                old = micro_batch.old_per_token_logps
+                ratio = torch.exp(logps - (logps.detach() if old is None else old))
+                advantages = micro_batch.advantages[:, None]
                 per_token = -torch.min(ratio * advantages, ratio.clamp(0.8, 1.2) * advantages)
                 if reference is not None:
-                    difference = micro_batch["ref"] - logps
+                    difference = micro_batch.ref_per_token_logps - logps
                     per_token = per_token + workload.beta * (torch.exp(difference) - difference - 1) * ratio
-                loss = (per_token * micro_batch["completion_mask"]).sum() / active_tokens
-                if off_policy and "old" not in micro_batch:  # the policy has not moved since it sampled them
-                    micro_batch["old"] = logps.detach()
+                loss = (per_token * micro_batch.completion_mask).sum() / active_tokens
+                if off_policy and old is None:  # the policy has not moved since it sampled them
+                    micro_batches[position] = micro_batch.with_references(old_per_token_logps=logps.detach())
             with PHASES.time("backward"):
                 loss.backward()
         with PHASES.time("clip grad norm"):
