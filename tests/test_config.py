@@ -12,8 +12,7 @@ from omegaconf import OmegaConf
 import grpo_kit
 from grpo_kit.config.compose import SINGLE_CHOICE_KINDS, with_presets
 from grpo_kit.config.overrides import check_a_reward_may_be_chosen, check_choices
-from grpo_kit.config.schema import under_current_names
-from grpo_kit.config.schema import DEFAULT_CHOICES
+from grpo_kit.config.schema import DEFAULT_CHOICES, under_current_names
 from grpo_kit.contract.errors import ConfigError, PluginError
 from grpo_kit.plugins.registry import Registry, plugin_manager
 from grpo_kit.training.builders import build_rewards
