@@ -99,6 +99,16 @@ def server(model_dir, tmp_path_factory):
     server.kill()
 
 
+def served(model_and_tokenizer, directory: Path):
+    """A test server of the contract's model, saved into `directory`, for a fixture to yield and then stop."""
+    model, tokenizer = model_and_tokenizer
+    model.save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    server = ServerProcess(directory, directory / "server.log")
+    yield server
+    server.kill()
+
+
 class TestVLLMServerGeneration(GenerationContract):
     """The conformance kit's generation checks, through a test server this class starts for itself."""
 
@@ -108,13 +118,7 @@ class TestVLLMServerGeneration(GenerationContract):
     @pytest.fixture(scope="class")
     @classmethod
     def contract_server(cls, model_and_tokenizer, tmp_path_factory):
-        directory = tmp_path_factory.mktemp("contract-server")
-        model, tokenizer = model_and_tokenizer
-        model.save_pretrained(directory)
-        tokenizer.save_pretrained(directory)
-        server = ServerProcess(directory, directory / "server.log")
-        yield server
-        server.kill()
+        yield from served(model_and_tokenizer, tmp_path_factory.mktemp("contract-server"))
 
     @pytest.fixture(scope="class")
     @classmethod
@@ -124,13 +128,7 @@ class TestVLLMServerGeneration(GenerationContract):
     @pytest.fixture(scope="class")
     @classmethod
     def second_server(cls, model_and_tokenizer, tmp_path_factory):
-        directory = tmp_path_factory.mktemp("second-contract-server")
-        model, tokenizer = model_and_tokenizer
-        model.save_pretrained(directory)
-        tokenizer.save_pretrained(directory)
-        server = ServerProcess(directory, directory / "server.log")
-        yield server
-        server.kill()
+        yield from served(model_and_tokenizer, tmp_path_factory.mktemp("second-contract-server"))
 
     def test_takes_new_weights(self, contract_case, plugin_config, model_and_tokenizer, second_server):
         """The kit's check, on a server of its own: the class's started backend holds the first server's weight
