@@ -64,7 +64,7 @@ class MicroBatch:
         return replace(self, **{name: torch.nn.functional.pad(value, (0, extra)) for name, value in wide.items()})
 
     def with_references(self, **tensors: torch.Tensor | None) -> "MicroBatch":
-        """This micro-batch with old or reference log-probs, a rollout-correction ratio or RowSpans added."""
+        """This micro-batch with old or reference log-probs, or a rollout-correction ratio, added."""
         return replace(self, **tensors)
 
     def to(self, device: torch.device | str) -> "MicroBatch":

@@ -20,6 +20,8 @@ Switch: model.mask_free_passes=false runs every pass with the attention mask. Fi
 "Mask-free passes".
 """
 
+from dataclasses import replace
+
 import torch
 
 from grpo_kit.contract.micro_batch import MicroBatch, RowSpans
@@ -32,7 +34,7 @@ def row_spans(batch: MicroBatch) -> RowSpans:
 
 def with_row_spans(micro_batches: list[MicroBatch]) -> list[MicroBatch]:
     """The micro-batches with their RowSpans recorded, read with one host read for all of them."""
-    return [batch.with_references(row_spans=spans) for batch, spans in zip(micro_batches, _read(micro_batches))]
+    return [replace(batch, row_spans=spans) for batch, spans in zip(micro_batches, _read(micro_batches))]
 
 
 def _read(batches: list[MicroBatch]) -> list[RowSpans]:
