@@ -238,7 +238,7 @@ def test_unknown_top_level_key_is_rejected_with_the_closest_one(registry):
         ConfigError,
         match=r"^\+hooks=dynamic_sampling: 'hooks' is not a setting of a grpo_kit run, so "
         r"nothing would read it. Did you mean 'hook'\? The top-level keys are: "
-        r"advantage, algorithm, data, environment, eval, experiment, generation, hook, ",
+        r"advantage, algorithm, data, diagnostics, environment, eval, experiment, generation, hook, ",
     ):
         grpo_kit.compose(["+hooks=dynamic_sampling"], registry)
     with pytest.raises(ConfigError, match=r"'rewards' is not a setting.*Did you mean 'reward'\?"):

@@ -13,6 +13,7 @@ import re
 
 from omegaconf import DictConfig
 
+from grpo_kit.config.instruments import check_instruments
 from grpo_kit.config.schema import EvalSetConfig
 from grpo_kit.contract.errors import ConfigError
 from grpo_kit.plugins.registry import Registry
@@ -104,6 +105,7 @@ def check_compatibility(cfg: DictConfig, registry: Registry) -> None:
     if cfg.eval.num_generations is not None and cfg.eval.num_generations < 1:
         raise ConfigError(f"eval.num_generations={cfg.eval.num_generations} must be at least 1 (or null: as training).")
     check_eval(cfg.eval)
+    check_instruments(cfg, registry, corrected)
 
 
 def check_reward_weights(rewards: DictConfig) -> None:

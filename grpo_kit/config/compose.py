@@ -20,7 +20,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from grpo_kit.config.compatibility import check_compatibility
 from grpo_kit.config.overrides import check_choices, chosen_names, no_reward
 from grpo_kit.config.presets import PRESET_FOR_PATH, PRESETS_MODULE
-from grpo_kit.config.schema import DEFAULT_CHOICES, RunConfig, named_plugin_config
+from grpo_kit.config.schema import DEFAULT_CHOICES, GradientDiagnosticsConfig, RunConfig, named_plugin_config
 from grpo_kit.contract.distributed import is_main_process
 from grpo_kit.contract.errors import PluginError
 from grpo_kit.contract.kinds import KINDS, MULTI_CHOICE_KINDS, OPTIONAL_KINDS
@@ -43,6 +43,7 @@ def store_configs(registry: Registry) -> None:
                 store.store(group=kind, name=plugin.name, node=node, package=f"{kind}.{plugin.name}")
             else:
                 store.store(group=kind, name=plugin.name, node=node)
+    store_instruments(store, registry)
     defaults: list[Any] = ["_self_"]
     # Every single-choice kind gets an entry, null when its default is not installed, so that `kind=NAME` (and the
     # `+kind=NAME` that with_presets rewrites into it) selects a plugin the same way in either case.
@@ -68,6 +69,15 @@ def store_configs(registry: Registry) -> None:
             },
         }
     store.store(name=PRIMARY_CONFIG, node=primary)
+
+
+def store_instruments(store: ConfigStore, registry: Registry) -> None:
+    """Every loss at shadow.NAME (`+shadow=[cispo,grpo]`), and the gradient diagnostics (`+diagnostics=gradient`)."""
+    store.repo.pop("shadow", None)
+    for plugin in registry.plugins("loss"):
+        node = named_plugin_config(plugin.config, plugin.name)
+        store.store(group="shadow", name=plugin.name, node=node, package=f"shadow.{plugin.name}")
+    store.store(group="diagnostics", name="gradient", node=GradientDiagnosticsConfig)
 
 
 def compose(overrides: list[str] | tuple[str, ...] = (), registry: Registry | None = None) -> DictConfig:

@@ -12,7 +12,14 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import Override
 
 from grpo_kit.config.presets import PRESET_FOR_PATH, preset_groups
-from grpo_kit.config.schema import DEFAULT_CHOICES, RENAMED_OPTIONS, RunConfig, named_plugin_config
+from grpo_kit.config.schema import (
+    DEFAULT_CHOICES,
+    RENAMED_OPTIONS,
+    SHADOW_GRADIENT_EVERY,
+    GradientDiagnosticsConfig,
+    RunConfig,
+    named_plugin_config,
+)
 from grpo_kit.contract.errors import ConfigError, PluginError
 from grpo_kit.contract.kinds import KINDS, MULTI_CHOICE_KINDS
 from grpo_kit.plugins.registry import Registry
@@ -25,9 +32,10 @@ def check_choices(overrides: list[str] | tuple[str, ...], registry: Registry) ->
     check_renamed(parsed)
     check_top_level_keys(parsed)
     for override in parsed:
-        if override.key_or_group in KINDS and not override.is_delete():
+        kind = PLUGIN_GROUPS.get(override.key_or_group)
+        if kind is not None and not override.is_delete():
             for name in chosen_names(override):
-                registry.get(override.key_or_group, name)
+                registry.get(kind, name)
     check_option_keys(parsed, registry)
 
 
@@ -71,11 +79,14 @@ def check_option_keys(overrides: list[Override], registry: Registry) -> None:
         if override.is_delete() or override.package or not rest or "/" in key or first not in OPTION_ROOTS:
             continue
         prefix = owner = first  # owner: what the message calls the options' owner ("loss dapo")
-        if first in MULTI_CHOICE_KINDS:  # reward.NAME.OPTION
+        if first == "shadow" and rest == [SHADOW_GRADIENT_EVERY]:
+            continue
+        if first in PLACED_GROUPS:  # reward.NAME.OPTION, shadow.NAME.OPTION
             places = multi_choice_places(first, overrides, registry)
             place, *rest = rest
             if place not in places:
-                _refuse(override, place, first, f"no {first} the run can select is named {place!r}", places)
+                what = "shadow loss" if first == "shadow" else first
+                _refuse(override, place, first, f"no {what} the run can select is named {place!r}", places)
             classes, prefix = places[place], f"{first}.{place}"
             owner = prefix
         elif first in KINDS:
@@ -93,10 +104,16 @@ def check_option_keys(overrides: list[Override], registry: Registry) -> None:
             prefix = owner = f"{prefix}.{part}"
 
 
-# The first keys whose options are checked: the sections that are dataclasses, and every plugin kind.
+# The groups whose choices are plugins, with their kind: each kind's own, and `shadow`, whose choices are losses.
+PLUGIN_GROUPS = {**{kind: kind for kind in KINDS}, "shadow": "loss"}
+# The groups whose choices each sit at GROUP.NAME, several at once.
+PLACED_GROUPS = (*MULTI_CHOICE_KINDS, "shadow")
+
+# The first keys whose options are checked: the sections that are dataclasses, every plugin kind, the instruments.
 OPTION_ROOTS = {
     **{field_.name: field_.type for field_ in dataclasses.fields(RunConfig) if dataclasses.is_dataclass(field_.type)},
-    **dict.fromkeys(KINDS),
+    **dict.fromkeys(PLUGIN_GROUPS),
+    "diagnostics": GradientDiagnosticsConfig,
 }
 
 
@@ -116,12 +133,13 @@ def plugins_chosen(kind: str, overrides: list[Override], registry: Registry) -> 
     return registry.names(kind)
 
 
-def multi_choice_places(kind: str, overrides: list[Override], registry: Registry) -> dict[str, list[type]]:
-    """Where a reward or hook may sit (reward.NAME), with its plugin's config: each installed plugin at its own
-    name, and each one placed elsewhere (`+reward@reward.brevity=python`)."""
+def multi_choice_places(group: str, overrides: list[Override], registry: Registry) -> dict[str, list[type]]:
+    """Where a reward, hook or shadow loss may sit (reward.NAME), with its plugin's config: each installed plugin at
+    its own name, and each one placed elsewhere (`+reward@reward.brevity=python`)."""
+    kind = PLUGIN_GROUPS[group]
     places = {name: [_plugin_config(registry, kind, name)] for name in registry.names(kind)}
     for override in overrides:
-        if override.key_or_group == kind and (override.package or "").startswith(f"{kind}."):
+        if override.key_or_group == group and (override.package or "").startswith(f"{group}."):
             places[override.package.split(".")[1]] = [
                 _plugin_config(registry, kind, name) for name in chosen_names(override)
             ]

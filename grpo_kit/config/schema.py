@@ -113,6 +113,10 @@ class AlgorithmConfig:
     # Asynchronous generation (docs/async.md): a worker generates the next batches while this one trains, never
     # more than this many optimizer steps behind the weights that train on them. 0: synchronous, as TRL.
     max_staleness: int = 0
+    # Staleness as a controlled variable (docs/async.md): every batch is generated, synchronously, by the weights of
+    # exactly this many optimizer steps earlier (fewer at the first steps), kept in a ring. None: off; 0: the same
+    # run as None, through the ring's path.
+    forced_staleness: int | None = None
     mask_truncated_completions: bool = False  # DAPO: a cut-off answer neither rewarded nor punished
     sync_ref_model: bool = False  # TR-DPO (arXiv 2404.09656): move the reference model toward the policy
     ref_model_mixup_alpha: float = 0.6  # ref <- alpha * policy + (1 - alpha) * ref
@@ -229,6 +233,21 @@ class RolloutFilesConfig:
     replay: str | None = None  # a run directory whose saved rollouts this run trains on instead of generating
 
 
+SHADOW_GRADIENT_EVERY = "gradient_every"  # the one key of `shadow` that is not a loss's name
+
+
+@dataclass
+class GradientDiagnosticsConfig:
+    """+diagnostics=gradient (docs/instruments.md): the gradient noise scale every step, and every `groups_every`
+    steps the gradient of each group of completions. Gradients are kept as count sketches of `sketch_size` numbers
+    (seeded by `seed`), never as copies."""
+
+    sketch_size: int = 4096
+    seed: int = 0
+    groups_every: int = 10  # steps between group splits, each 8 extra backward passes per micro-batch; 0: none
+    ema: float = 0.9  # the noise scale's numerator and denominator are smoothed over steps with this decay
+
+
 @dataclass
 class RunConfig:
     seed: int = 42
@@ -249,6 +268,10 @@ class RunConfig:
     tools: list[str] = field(default_factory=list)  # tool functions by import path: tools=[pkg.mod:fn]
     reward: dict = field(default_factory=dict)  # name -> options, one entry per selected reward
     hook: dict = field(default_factory=dict)  # name -> options, one entry per selected hook plugin
+    # Instruments (docs/instruments.md). +shadow=[cispo,grpo]: losses computed beside the trained one, each at
+    # shadow.NAME with its options; their gradients compared with the trained one's every gradient_every steps.
+    shadow: dict = field(default_factory=lambda: {SHADOW_GRADIENT_EVERY: 10})
+    diagnostics: Any = None  # +diagnostics=gradient: GradientDiagnosticsConfig
 
 
 def named_plugin_config(config: type, name: str) -> type:

@@ -27,6 +27,7 @@ class MicroBatch:
     completion_ids: torch.Tensor  # (B, T) right-padded, up to and including each completion's EOS
     completion_mask: torch.Tensor  # (B, T) the completion's tokens (0 for a truncated one under mask_truncated_...)
     advantages: torch.Tensor  # (B,)
+    rewards: torch.Tensor | None = None  # (B,) each completion's weighted reward sum, NaN where none had an opinion
     tool_mask: torch.Tensor | None = None  # (B, T) 1 where the model wrote the token, 0 where a tool did
     sampling_per_token_logps: torch.Tensor | None = None  # (B, T) the sampler's, when a rollout correction asks
     old_per_token_logps: torch.Tensor | None = None  # (B, T) pi_old's, once the policy may have moved
@@ -34,6 +35,9 @@ class MicroBatch:
     importance_sampling_ratio: torch.Tensor | None = None  # (B, T) or (B, 1): the rollout correction's
     pixel_values: torch.Tensor | None = None  # (B, P_img, C) each row's image patches, zero-padded (model/vision.py)
     image_grid_thw: torch.Tensor | None = None  # (B, I, 3) each row's images' patch grids, zero-padded
+    # (B,) the optimizer steps of the weights that sampled each row, where a generation batch's rows differ (under
+    # asynchronous generation a dynamic-sampling redraw is sampled by newer weights); None: all the batch's version
+    weight_versions: torch.Tensor | None = None
     row_spans: RowSpans | None = None  # recorded once per generation batch; None: a pass reads them
 
     def loss_mask(self) -> torch.Tensor:  # (B, T)

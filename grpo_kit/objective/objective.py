@@ -19,12 +19,24 @@ from grpo_kit.plugins.registry import Registry
 
 
 @dataclass
+class ObjectiveInputs:
+    """What an objective is computed from, the log-probs with their graph: kept for the instruments
+    (docs/instruments.md), which compute other objectives from the same tensors and take their gradients."""
+
+    per_token_logps: torch.Tensor  # (B, T), with gradient
+    entropies: torch.Tensor  # (B, T)
+    micro_batch: MicroBatch
+    reduction: Reduction
+
+
+@dataclass
 class ObjectiveOutput:
     loss: torch.Tensor  # scalar, already scaled for gradient accumulation
     metrics: dict[str, torch.Tensor] = field(default_factory=dict)  # name -> scalar, detached
     per_token_logps: torch.Tensor | None = None  # (B, T), detached: the log-probs the loss was computed from
     # (2,) detached: the entropy sum and count of the tokens the bonus acts on, for adaptive entropy control
     entropy_totals: torch.Tensor | None = None
+    inputs: ObjectiveInputs | None = None  # kept only when an instrument asks (PolicyLoss.keep_inputs)
 
 
 @dataclass
@@ -101,6 +113,7 @@ class Objective:
         entropies: torch.Tensor,  # (B, T), with gradient when the entropy bonus is on
         batch: MicroBatch,
         reduction: Reduction | None = None,  # the generation batch's divisors; None: the batch is the whole of it
+        row_weights: torch.Tensor | None = None,  # (B,) each row's share of the loss: the instruments' group split
     ) -> ObjectiveOutput:
         algo = self.algorithm
         mask = batch.loss_mask().to(per_token_logps.dtype)  # (B, T)
@@ -140,6 +153,10 @@ class Objective:
                 per_token_kl = per_token_kl * torch.exp(log_weights)
             per_token_loss = per_token_loss + algo.beta * per_token_kl
             metrics["kl"] = masked_mean(per_token_kl, mask)
+        # Every reduction is linear in the per-token loss, its divisors fixed: a group of rows' loss is the loss of
+        # the per-token loss zeroed outside it, and the groups of a split add up to the whole.
+        if row_weights is not None:
+            per_token_loss = per_token_loss * row_weights.unsqueeze(1)
 
         loss = self.loss.reduce(per_token_loss, mask, reduction)
 
@@ -149,7 +166,8 @@ class Objective:
             accumulation = reduction.gradient_accumulation_steps
             metrics["policy_loss"] = loss * accumulation  # before the bonus, on a step's scale
             trained = mask if entropy_mask is None else mask * entropy_mask
-            entropy_sum, count = (entropies * trained).sum(), trained.sum()
+            bonus_tokens = trained if row_weights is None else trained * row_weights.unsqueeze(1)
+            entropy_sum, count = (entropies * bonus_tokens).sum(), trained.sum()
             mean_entropy = entropy_sum / count.clamp(min=1.0)
             loss = loss - self.entropy_control.applied_coef() * mean_entropy / accumulation
             entropy_totals = torch.stack([entropy_sum, count.to(entropy_sum.dtype)]).detach()

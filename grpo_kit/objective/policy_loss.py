@@ -32,7 +32,8 @@ from grpo_kit.model.logprobs import (
     per_token_logps_and_entropies,
     unwrapped,
 )
-from grpo_kit.objective.objective import Objective, ObjectiveOutput
+from grpo_kit.objective.objective import Objective, ObjectiveInputs, ObjectiveOutput
+from grpo_kit.objective.shadows import Shadows
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +52,7 @@ class PolicyLoss:
         chunk_size: int = 1024,
         head_in_float32: bool = False,
         vocab_tile: int = 32768,
+        shadows: Shadows | None = None,
     ):
         if logits not in LOGITS:
             raise ConfigError(f"model.logits={logits!r} is not one of {', '.join(LOGITS)}.")
@@ -61,6 +63,8 @@ class PolicyLoss:
         self.objective, self.temperature, self.entropy_grad = objective, temperature, entropy_grad
         self.logits, self.chunk_size, self.vocab_tile = logits, chunk_size, vocab_tile
         self.fused = None
+        self.shadows = shadows  # other losses on the same tensors, logged (docs/instruments.md)
+        self.keep_inputs = False  # set by an instrument that takes gradients of the next micro-batch's objective
         self.router_aux_loss_coef = 0.0  # set by `use_router_aux_loss` once the model is known
         self.last_path: str | None = None  # the path the last micro-batch took: full, chunked, tiled or liger
         self._logged: set[str] = set()
@@ -84,7 +88,7 @@ class PolicyLoss:
             per_token_logps, entropies = per_token_logps_and_entropies(  # (B, T)
                 model, micro_batch, self.temperature, self.entropy_grad, router=router
             )
-            out = self.objective(per_token_logps, entropies, micro_batch, reduction)
+            out = self._objective(per_token_logps, entropies, micro_batch, reduction)
             return self._with_router_loss(out, router, reduction)
         head = OutputHead(model)
         hidden = last_hidden_states(model, micro_batch, head, router)  # (B, T, H)
@@ -108,8 +112,19 @@ class PolicyLoss:
             per_token_logps, entropies = chunked_logps_and_entropies(
                 hidden, head, ids, self.temperature, self.entropy_grad, self.chunk_size
             )
-        out = self.objective(per_token_logps, entropies, micro_batch, reduction)
+        out = self._objective(per_token_logps, entropies, micro_batch, reduction)
         return self._with_router_loss(out, router, reduction)
+
+    def _objective(self, per_token_logps, entropies, micro_batch, reduction) -> ObjectiveOutput:
+        """The objective, and what the instruments ask of the same tensors."""
+        out = self.objective(per_token_logps, entropies, micro_batch, reduction)
+        if self.shadows is not None or self.keep_inputs:
+            inputs = ObjectiveInputs(per_token_logps, entropies, micro_batch, reduction)
+            if self.shadows is not None:
+                out.metrics |= self.shadows.values(inputs)
+            if self.keep_inputs:
+                out.inputs = inputs
+        return out
 
     def use_router_aux_loss(self, model, coef: float | None) -> None:
         """Weigh `model`'s load-balancing loss as TRL does: `coef`, or (None) the model config's own
@@ -152,6 +167,8 @@ class PolicyLoss:
                 hidden.detach(), head, micro_batch.completion_ids, self.temperature, chunk_size=self.chunk_size
             )
             metrics = self.objective(per_token_logps, entropies, micro_batch, reduction).metrics
+            if self.shadows is not None:
+                metrics |= self.shadows.values(ObjectiveInputs(per_token_logps, entropies, micro_batch, reduction))
         return ObjectiveOutput(loss, metrics, per_token_logps)
 
     def _fall_back(self, reason: str) -> None:
@@ -162,8 +179,8 @@ class PolicyLoss:
             )
 
 
-def build_policy_loss(cfg, objective: Objective) -> PolicyLoss:
-    """The policy loss a composed config describes (its model.logits path), for `objective`."""
+def build_policy_loss(cfg, objective: Objective, shadows: Shadows | None = None) -> PolicyLoss:
+    """The policy loss a composed config describes (its model.logits path), for `objective`, with `shadows`."""
     return PolicyLoss(
         objective,
         cfg.generation.temperature,
@@ -172,4 +189,5 @@ def build_policy_loss(cfg, objective: Objective) -> PolicyLoss:
         chunk_size=cfg.model.logits_chunk_size,
         head_in_float32=cfg.model.cast_lm_head_to_fp32,
         vocab_tile=cfg.model.logits_vocab_tile,
+        shadows=shadows,
     )
