@@ -13,6 +13,7 @@ from grpo_kit.config.schema import GradientDiagnosticsConfig
 from grpo_kit.contract.errors import ConfigError, PluginError
 from grpo_kit.objective.objective import ObjectiveInputs, build_objective
 from grpo_kit.objective.policy_loss import PolicyLoss
+from grpo_kit.report import write_report
 from grpo_kit.testing import tiny_run
 from grpo_kit.testing.micro_batches import half_a_generation_batch, random_micro_batch
 from grpo_kit.training.diagnostics import GradientDiagnostics, completion_groups
@@ -193,3 +194,12 @@ def test_diagnostics_split_a_single_micro_batch_into_halves(tiny_model, tmp_path
 def test_bad_instrument_settings_are_refused(tiny_model, overrides, message):
     with pytest.raises((ConfigError, PluginError), match=message.replace("[", r"\[")):
         grpo_kit.compose(tiny_run(tiny_model, "+reward=accuracy", *overrides))
+
+
+def test_the_report_draws_shadow_against_trained_loss(tiny_model, tmp_path, registry):
+    run_dir = tmp_path / "run"
+    train(tiny_model, run_dir, registry, "+shadow=[cispo]", "shadow.gradient_every=1")
+    written = {path.name for path in write_report(run_dir)}
+    assert {"shadow_loss.png", "shadow_grad_cosine.png"} <= written
+    report = (run_dir / "report.md").read_text()
+    assert "![Trained and shadow losses](shadow_loss.png)" in report

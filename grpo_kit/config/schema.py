@@ -244,7 +244,7 @@ class GradientDiagnosticsConfig:
 
     sketch_size: int = 4096
     seed: int = 0
-    groups_every: int = 10  # steps between group splits, each 8 extra backward passes per micro-batch; 0: none
+    groups_every: int = 10  # steps between group splits, each 9 extra backward passes per micro-batch; 0: none
     ema: float = 0.9  # the noise scale's numerator and denominator are smoothed over steps with this decay
 
 
