@@ -199,6 +199,9 @@ class Completions:
     tool_mask: torch.Tensor | None = None  # (N, T)
     tool_calls: torch.Tensor | None = None  # (N,)
     tool_failures: torch.Tensor | None = None  # (N,)
+    # (N,) the optimizer steps of the weights that sampled each completion, set by the core (not by a backend) where
+    # one generation batch mixes weights: select_groups and concat keep it with its rows
+    weight_versions: torch.Tensor | None = None
 
     def written_mask(self) -> torch.Tensor:  # (N, T)
         """The tokens the model wrote itself: the completion's, less what tools wrote into it."""

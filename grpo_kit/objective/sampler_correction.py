@@ -29,7 +29,7 @@ class SamplerCorrection:
     @classmethod
     def of(cls, cfg, registry: Registry) -> "SamplerCorrection":
         plugin = registry.build("rollout_correction", cfg.rollout_correction.name, options(cfg.rollout_correction))
-        return cls(plugin, corrects_rollouts(cfg, registry) and plugin.level is not None)
+        return cls(plugin, (corrects_rollouts(cfg, registry) or samples_lagged(cfg)) and plugin.level is not None)
 
     def ratio(self, micro_batch: MicroBatch) -> torch.Tensor | None:  # (B, T) or (B, 1)
         """The micro-batch's ratio, from its old log-probs and the sampler's; None where the plugin gives none."""
@@ -69,3 +69,10 @@ class SamplerCorrection:
             "sampling/importance_sampling_ratio/min": every[:, 4].min().item(),
             "sampling/importance_sampling_ratio/max": every[:, 5].max().item(),
         }
+
+
+def samples_lagged(cfg) -> bool:
+    """Whether the sampler is an older policy than the trained one by construction (algorithm.forced_staleness >= 1):
+    then even a backend that samples with the trained model itself (algorithm.correct_policy_sampler=false) is
+    corrected. At 0 the sampler is the policy, and the run is the one without forced staleness."""
+    return (cfg.algorithm.forced_staleness or 0) >= 1

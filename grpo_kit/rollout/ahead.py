@@ -112,8 +112,8 @@ class GenerationAhead:
 
     # --- the training thread ---
 
-    def take(self, version: int) -> Generated:
-        """The next batch, waiting for the worker if it is behind; `version` is the weights' steps now."""
+    def take(self) -> Generated:
+        """The next batch, waiting for the worker if it is behind."""
         started = time.perf_counter()
         with self.condition:
             self.condition.wait_for(lambda: self.error is not None or (self.pending and self.pending[0].generated))
@@ -121,14 +121,17 @@ class GenerationAhead:
                 raise self.error
             generated = self.pending.popleft().generated
             self.condition.notify_all()
-        staleness = version - generated.weight_version
+        # The staleness is measured where each micro-step trains on it (grpo_kit/training/staleness_metrics.py).
         self.last_taken = {
-            "async/staleness/mean": float(staleness),
-            "async/staleness/max": float(staleness),
             "async/trainer_wait_seconds": time.perf_counter() - started,
             "async/generator_wait_seconds": generated.generator_waited,
         }
         return generated
+
+    def draw(self, num_prompts: int) -> list[dict]:
+        """Prompts drawn now on the training thread (a hook's redraw), in turn with the worker's draws."""
+        with self.condition:
+            return self.sampler.draw(num_prompts)
 
     def update_weights(self, model, step: int) -> None:
         with self.turn:  # the worker's next request, which reads the version, waits for both

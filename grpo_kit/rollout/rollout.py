@@ -6,7 +6,7 @@ advantages of its own completions.
 """
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -72,9 +72,12 @@ class Rollout:
         if self.replay is not None:
             scored = self.replay.next()
         elif self.ahead is not None:  # generated in the background, with the weights of `sampled_with` steps
-            generated = self.ahead.take(version)
+            generated = self.ahead.take()
             sampled_with = generated.weight_version
-            scored = self._filtered(run, self._score_generated(generated, self.num_generations))
+            scored = versioned(self._score_generated(generated, self.num_generations), sampled_with)
+            # A hook's redraw is generated now, on this thread, by the weights of `version` steps: its rows keep
+            # that version, for the staleness each micro-step trains at (training/staleness_metrics.py).
+            scored = self._filtered(run, scored, lambda num_prompts: versioned(self._draw(num_prompts), version))
         else:
             scored = self._filtered(run, self._draw(num_prompts))
         every_reward = self._gather(scored.rewards_per_func)  # (N x processes, K), in process order
@@ -89,13 +92,16 @@ class Rollout:
         metrics = self._metrics(scored, every_reward) | (self.ahead.last_taken if self.ahead is not None else {})
         return RolloutBatch(scored, advantages, self._training_rows(scored, advantages), metrics, sampled_with)
 
-    def _filtered(self, run: Run, scored: ScoredBatch) -> ScoredBatch:
+    def _filtered(self, run: Run, scored: ScoredBatch, draw=None) -> ScoredBatch:
         """What the hooks keep of a scored batch (DAPO's dynamic sampling draws more here, generating in this
         thread)."""
-        return chain(self.hooks.on_rollout_scored, "scored", _same_groups, run=run, scored=scored, draw=self._draw)
+        draw = draw or self._draw
+        return chain(self.hooks.on_rollout_scored, "scored", _same_groups, run=run, scored=scored, draw=draw)
 
     def _draw(self, num_prompts: int) -> ScoredBatch:
-        return self.score(self.sampler.draw(num_prompts))
+        # Under asynchronous generation the worker draws from the same sampler: a redraw takes the worker's lock.
+        rows = self.sampler.draw(num_prompts) if self.ahead is None else self.ahead.draw(num_prompts)
+        return self.score(rows)
 
     def score(self, rows: list[dict], num_generations: int | None = None) -> ScoredBatch:
         """Generate `num_generations` (by default the run's) completions for each row's prompt and score them."""
@@ -173,8 +179,10 @@ class Rollout:
             completion_ids=generated.completion_ids,  # (N, T)
             completion_mask=completion_mask,  # (N, T)
             advantages=advantages,  # (N,)
+            rewards=scored.rewards,  # (N,)
             tool_mask=generated.tool_mask,  # (N, T) or None
             sampling_per_token_logps=generated.sampling_per_token_logps,  # (N, T) or None
+            weight_versions=generated.weight_versions,  # (N,) or None: every row the batch's version
             **images,  # pixel_values (N, P, C), image_grid_thw (N, I, 3), for prompts with images
         )
 
@@ -233,6 +241,12 @@ def completions_of(result: RolloutResult, tokenizer, eos_token_ids: list[int], w
         sampling_per_token_logps=None if result.logprobs is None else padded(result.logprobs, 0.0, torch.float),
         tool_mask=None if result.env_mask is None else padded(result.env_mask, 0, torch.int),
     )
+
+
+def versioned(scored: ScoredBatch, version: int) -> ScoredBatch:
+    """The batch with each completion tagged as sampled by the weights of `version` optimizer steps."""
+    versions = torch.full((len(scored.rows),), version, dtype=torch.long)  # (N,)
+    return replace(scored, generated=replace(scored.generated, weight_versions=versions))
 
 
 def _same_groups(replaced: ScoredBatch, scored: ScoredBatch, who: str) -> None:

@@ -20,6 +20,7 @@ a step's completions are cut by a token budget instead (token_budget.py), and ea
 micro-batches.
 """
 
+import contextlib
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 
@@ -35,6 +36,7 @@ from grpo_kit.objective.policy_loss import PolicyLoss
 from grpo_kit.objective.sampler_correction import SamplerCorrection
 from grpo_kit.rollout.rollout import Rollout
 from grpo_kit.training.plan import BatchPlan
+from grpo_kit.training.staleness import LaggedWeights
 from grpo_kit.training.token_budget import TokenBudget, in_parts
 
 
@@ -123,13 +125,18 @@ class GenerationBatches:
     correction: SamplerCorrection  # the rollout correction: whether it applies, its ratio, its metrics
     by_length: bool = False  # trainer.group_by_length, as `group_by_length` resolved it
     budget: TokenBudget = TokenBudget(None, False)  # trainer.max_tokens_per_micro_batch and trainer.packing
+    lagged: LaggedWeights | None = None  # algorithm.forced_staleness: the older weights that generate
 
     @torch.no_grad()
     def make(self, run: Run, micro_step: int, weight_version: int) -> GenerationBatch:
         """This process's next prompts as a generation batch, to be trained on from `micro_step` by weights of
         `weight_version` optimizer steps."""
         plan = self.plan
-        rollouts = self.rollout(run, plan.prompts_per_generation, weight_version)
+        # Under forced staleness the policy holds older weights while it generates, and its own ones again before
+        # any log-prob below: the batch's weight_version is the older one.
+        serving = contextlib.nullcontext(weight_version) if self.lagged is None else self.lagged.serving(weight_version)
+        with serving as sampled_by:
+            rollouts = self.rollout(run, plan.prompts_per_generation, sampled_by)
         rows = rollouts.training_rows.to(self.accelerator.device)
         reduction = Reduction(  # token normalisers (dapo, cispo) count the whole batch, every process's
             num_items_in_batch=float(self.accelerator.gather(rows.loss_mask().sum()).sum()),

@@ -20,6 +20,8 @@ from grpo_kit.plugins.registry import Registry
 from grpo_kit.training.lifecycle import Stopped, outcome
 from grpo_kit.training.saving import save_model, save_step, saved_and_stopped
 from grpo_kit.training.setup import Session, setup
+from grpo_kit.training.staleness import current_weights, push_weights
+from grpo_kit.training.staleness_metrics import record_staleness
 from grpo_kit.training.state import TrainState
 from grpo_kit.training.window import add_micro_batch, summarise, token_counts
 
@@ -81,13 +83,19 @@ def train_step(session: Session, state: TrainState, step: int) -> tuple[bool, fl
                 session.resources.record_samples(step, state.batch)
             micro_batch = state.batch.next(state.micro_step)
             state.micro_step += 1
+            ends_step = index == accumulation - 1
+            if ends_step and state.lagged is not None:  # forced staleness: these weights, before they move
+                state.lagged.remember(state.step)
             # forward -> loss -> backward; after the step's last micro-batch, the optimizer step
             out, finite, step_grad_norm = optimization.train_on(
-                micro_batch, state.batch.reduction, finite, ends_step=index == accumulation - 1
+                micro_batch, state.batch.reduction, finite, ends_step=ends_step, step=step, batch=state.batch
             )
             state.batch.trained(out)
             grad_norm = grad_norm if step_grad_norm is None else step_grad_norm
             add_micro_batch(state.window, state.batch.metrics, out, session.accelerator)
+            record_staleness(
+                state.window, session.cfg.algorithm, micro_batch, state.batch.weight_version, state.step, out
+            )
     except GenerationUnavailable as error:  # the step is undone and the last whole one saved
         state.rewind(step_start)
         optimization.optimizer.zero_grad(set_to_none=True)
@@ -99,8 +107,8 @@ def train_step(session: Session, state: TrainState, step: int) -> tuple[bool, fl
         mix_into_sharded_reference(
             session.accelerator, optimization.model, batches.reference, algo.ref_model_mixup_alpha
         )
-    try:
-        session.resources.generation.update_weights(optimization.model, step)
+    try:  # the backend's weights: the new ones, or under forced staleness the ones of k steps before
+        push_weights(state.lagged, session.resources.generation, optimization.model, step)
     except GenerationUnavailable as error:  # the step itself is whole: save it and stop
         raise saved_and_stopped(error, session, state) from error
     return finite, grad_norm
@@ -120,7 +128,8 @@ def end_of_step(session: Session, state: TrainState, step: int, finite: bool, gr
     if resources.evaluator is not None and resources.evaluator.due(step):
         session.optimization.model.eval()
         try:
-            evaluated = resources.evaluator(step)
+            with current_weights(state.lagged, resources.generation, session.optimization.model, step):
+                evaluated = resources.evaluator(step)
         except GenerationUnavailable as error:
             raise saved_and_stopped(error, session, state) from error
     if step % t.logging_steps == 0 or step == session.run.max_steps or evaluated:

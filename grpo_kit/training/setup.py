@@ -40,6 +40,7 @@ from grpo_kit.model.threads import use_torch_threads
 from grpo_kit.objective.objective import Objective, build_objective
 from grpo_kit.objective.policy_loss import PolicyLoss, build_policy_loss
 from grpo_kit.objective.sampler_correction import SamplerCorrection
+from grpo_kit.objective.shadows import build_shadows
 from grpo_kit.outputs.checkpoints import claim_run_directory
 from grpo_kit.outputs.loggers import ConsoleLogger, JsonlLogger
 from grpo_kit.outputs.plugin_lock import record_session
@@ -54,14 +55,16 @@ from grpo_kit.rollout.prompts import PromptSampler, load_prompts, use_chat_templ
 from grpo_kit.rollout.replay import RolloutRecorder, RolloutReplay
 from grpo_kit.rollout.rollout import Rollout
 from grpo_kit.rollout.scoring import Scorer, reward_trainer_state
-from grpo_kit.training.asynchronous import check_asynchronous, start_generating_ahead
+from grpo_kit.training.asynchronous import check_asynchronous, check_forced_staleness, start_generating_ahead
 from grpo_kit.training.batches import GenerationBatches, group_by_length, token_budget
 from grpo_kit.training.builders import build_advantage, build_custom_rollout, build_hooks, build_rewards, build_tool_use
+from grpo_kit.training.instruments import build_instruments
 from grpo_kit.training.lifecycle import Resources, StopRequest
 from grpo_kit.training.optimization import Optimization
 from grpo_kit.training.optimizers import build_optimizer, build_scheduler, check_optimization
 from grpo_kit.training.plan import BatchPlan
 from grpo_kit.training.saving import resume
+from grpo_kit.training.staleness import lagged_weights
 from grpo_kit.training.state import TrainState
 from grpo_kit.training.token_budget import TokenBudget
 from grpo_kit.training.vision import image_prompts
@@ -146,6 +149,14 @@ def setup(cfg: DictConfig, run_dir: Path, registry: Registry) -> tuple[Session, 
 
     policy = build_policy(cfg, plugins, prompts, plan, accelerator)
     optimization = build_optimization(cfg.trainer, policy, plugins.policy_loss, plan, accelerator)
+    optimization.instruments = build_instruments(
+        plugins.objective,
+        plugins.policy_loss.shadows,
+        cfg.diagnostics,
+        cfg.eval.correct_threshold,
+        policy.model,
+        accelerator,
+    )
     resources = build_resources(cfg, registry, plugins, plan, accelerator, trackers, len(prompts.train))
     try:
         plugins.generation.start(policy.model, policy.tokenizer, accelerator)
@@ -157,6 +168,7 @@ def setup(cfg: DictConfig, run_dir: Path, registry: Registry) -> tuple[Session, 
         for plugin in resources.plugins:
             resources.plugin_manager.register(plugin)
         rollout = build_rollout(cfg, registry, plugins, policy, resources, accelerator, prompts, replay, run_dir)
+        lagged = lagged_weights(cfg, accelerator, accelerator.unwrap_model(policy.model))  # forced_staleness's ring
         batches = GenerationBatches(
             rollout,
             plugins.policy_loss,
@@ -168,6 +180,7 @@ def setup(cfg: DictConfig, run_dir: Path, registry: Registry) -> tuple[Session, 
             plugins.correction,
             policy.by_length,
             policy.budget,
+            lagged,
         )
         processor = policy.images.processor if policy.images else None
         run = Run(cfg, run_dir, accelerator, policy.model, policy.tokenizer, plan.max_steps, processor=processor)
@@ -183,6 +196,7 @@ def setup(cfg: DictConfig, run_dir: Path, registry: Registry) -> tuple[Session, 
             replay=rollout.replay,
             recorder=rollout.recorder,
             ahead=rollout.ahead,
+            lagged=lagged,
         )
         if checkpoint is not None:
             resume(session, state, checkpoint)
@@ -199,10 +213,11 @@ def build_plugins(cfg: DictConfig, registry: Registry) -> Plugins:
     objective = build_objective(cfg, registry)
     generation = registry.build("generation", cfg.generation.name, options(cfg.generation))
     check_asynchronous(cfg, generation)
+    check_forced_staleness(cfg)
     rewards, reward_weights = build_rewards(cfg, registry)
     return Plugins(
         objective,
-        build_policy_loss(cfg, objective),
+        build_policy_loss(cfg, objective, build_shadows(cfg, registry, objective)),
         SamplerCorrection.of(cfg, registry),
         build_advantage(cfg, registry),
         rewards,
@@ -334,7 +349,8 @@ def build_rollout(
         resources.hooks,
         accelerator,
         eos_token_ids=policy.eos,
-        with_logprobs=plugins.correction.applies,  # the sampler's log-probs, which the correction reads
+        # The sampler's log-probs, which the correction reads, and forced staleness's KL to the behaviour policy
+        with_logprobs=plugins.correction.applies or cfg.algorithm.forced_staleness is not None,
         replay=replay,
         recorder=RolloutRecorder(run_dir) if cfg.rollout_files.save else None,
         tool_use=build_tool_use(cfg, registry, policy.tokenizer, resources.generation, accelerator, policy.eos),

@@ -17,6 +17,7 @@ from grpo_kit.rollout.ahead import GenerationAhead
 from grpo_kit.rollout.prompts import PromptSampler
 from grpo_kit.rollout.replay import RolloutRecorder, RolloutReplay
 from grpo_kit.training.batches import GenerationBatch
+from grpo_kit.training.staleness import LaggedWeights
 
 
 @dataclass
@@ -39,6 +40,7 @@ class TrainState:
     # batches it has drawn and the trainer has not taken, which a resume draws again (dropped_ahead of them).
     ahead: GenerationAhead | None = None
     dropped_ahead: int = 0
+    lagged: LaggedWeights | None = None  # algorithm.forced_staleness's ring of older weights
 
     def state_dict(self, accelerator: Accelerator) -> dict:
         """The checkpoint; every process calls it, since it gathers what differs between processes."""
@@ -60,6 +62,7 @@ class TrainState:
             "window": dict(self.window),
             "num_tokens": self.num_tokens,
             "entropy_control": self.entropy_control.state_dict(),
+            "lagged": None if self.lagged is None else self.lagged.state_dict(),
             # Each process's own generation batch and random generators, by process index.
             "processes": gather_object(
                 [{"batch": None if self.batch is None else self.batch.state_dict(), "random": random_states()}]
@@ -90,6 +93,8 @@ class TrainState:
         self.window.clear()
         self.window.update(state["window"])
         self.entropy_control.load_state_dict(state["entropy_control"])
+        if self.lagged is not None:  # a checkpoint without it has another config, which the resume refused
+            self.lagged.load_state_dict(state["lagged"])
         restore_random_states(own["random"])
 
     def progress(self) -> dict:
