@@ -241,3 +241,23 @@ def test_each_row_keeps_its_own_staleness_and_the_kl_is_k3():
     assert kl_to_behaviour(batch, trained) == {}  # no sampler log-probs
     value = kl_to_behaviour(batch.with_references(sampling_per_token_logps=sampling), trained)
     assert value["async/kl_to_behaviour"] == pytest.approx(1 - torch.log(torch.tensor(2.0)).item())
+
+
+def test_a_redrawn_group_keeps_the_version_it_was_sampled_by_through_a_filter():
+    """Under asynchronous generation a hook's redraw is sampled by newer weights than its batch: the rows keep their
+    own versions through select_groups and concat (dynamic sampling's), up to the micro-batch."""
+    from grpo_kit.contract.kinds import Completions
+    from grpo_kit.contract.pipeline import ScoredBatch
+    from grpo_kit.rollout.rollout import versioned
+
+    def scored(num_groups: int) -> ScoredBatch:
+        rows = 2 * num_groups
+        ids = torch.ones(rows, 3, dtype=torch.long)
+        generated = Completions(ids, torch.ones(rows, 3, dtype=torch.long), torch.zeros(rows, dtype=torch.bool))
+        lists = [[1]] * rows
+        zeros = torch.zeros(rows, 1)
+        return ScoredBatch([{}] * rows, lists, lists, lists, generated, zeros, zeros.view(-1), num_generations=2)
+
+    taken, redrawn = versioned(scored(3), 4), versioned(scored(2), 6)  # batch of 4 steps, redraw at step 6
+    kept = taken.select_groups([0, 2]).concat(redrawn.select_groups([1]))
+    assert kept.generated.weight_versions.tolist() == [4, 4, 4, 4, 6, 6]

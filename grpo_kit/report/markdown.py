@@ -7,6 +7,7 @@ from urllib.parse import quote
 import yaml
 
 from grpo_kit.report.paired import PairedComparison, figure_name
+from grpo_kit.report.staleness import staleness_section
 from grpo_kit.report.tables import Variant
 
 MACHINE_LOAD = (
@@ -21,6 +22,7 @@ FIGURE_TITLES = {
     "kl.png": "KL divergence",
     "entropy.png": "Entropy",
     "clip_ratio.png": "Clipped tokens",
+    "staleness.png": "Final reward and KL to the behaviour policy against forced staleness",
 }
 
 
@@ -85,6 +87,7 @@ def render(
         for path in figures:
             lines += ["", f"![{FIGURE_TITLES.get(path.name, path.stem)}]({path.name})"]
 
+    lines += staleness_section(variants)  # a sweep over algorithm.forced_staleness
     if paired is not None:
         lines += _paired_section(paired, paired_figures)
 
