@@ -261,3 +261,19 @@ def test_a_redrawn_group_keeps_the_version_it_was_sampled_by_through_a_filter():
     taken, redrawn = versioned(scored(3), 4), versioned(scored(2), 6)  # batch of 4 steps, redraw at step 6
     kept = taken.select_groups([0, 2]).concat(redrawn.select_groups([1]))
     assert kept.generated.weight_versions.tolist() == [4, 4, 4, 4, 6, 6]
+
+
+def test_the_staleness_sweep_crosses_k_with_every_shipped_correction(registry):
+    import hydra
+
+    from grpo_kit.config.compose import PRIMARY_CONFIG, store_configs
+    from grpo_kit.config.presets import PRESETS_MODULE
+
+    store_configs(registry)
+    with hydra.initialize_config_module(PRESETS_MODULE, version_base="1.3"):
+        cfg = hydra.compose(PRIMARY_CONFIG, ["+experiment=staleness_x_correction"], return_hydra_config=True)
+    params = cfg.hydra.sweeper.params
+    assert params["algorithm.forced_staleness"] == "0,1,2,4,8"
+    shipped = {plugin.name for plugin in registry.plugins("rollout_correction")}
+    assert set(params.rollout_correction.split(",")) == shipped
+    assert params.seed == "1,2"  # paired: every cell runs the same seeds
