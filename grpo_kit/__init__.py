@@ -30,6 +30,7 @@ from grpo_kit.contract.kinds import (
     RewardConfig,
     RolloutCorrection,
     RolloutResult,
+    Sampler,
 )
 from grpo_kit.plugins.registry import Registry
 
@@ -78,6 +79,7 @@ __all__ = [
     "RewardError",
     "RolloutCorrection",
     "RolloutResult",
+    "Sampler",
     "Run",
     "ScoredBatch",
     "UserError",

@@ -42,7 +42,7 @@ def test_its_readme_lists_every_plugin_it_registers(registry):
         for plugin in registry.plugins(kind)
         if plugin.distribution.split()[0] == EXAMPLE
     }
-    assert len(registered) == 4 and listed == registered
+    assert len(registered) == 5 and listed == registered
 
 
 def test_its_loss_and_advantage_train_a_tiny_model(registry, tiny_model, tmp_path):

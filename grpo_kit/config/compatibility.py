@@ -14,7 +14,7 @@ import re
 from omegaconf import DictConfig
 
 from grpo_kit.config.instruments import check_instruments
-from grpo_kit.config.schema import EvalSetConfig
+from grpo_kit.config.schema import DEFAULT_CHOICES, EvalSetConfig
 from grpo_kit.contract.errors import ConfigError
 from grpo_kit.plugins.registry import Registry
 
@@ -34,7 +34,6 @@ def check_compatibility(cfg: DictConfig, registry: Registry) -> None:
     level = registry.get("importance_sampling", cfg.importance_sampling.name).traits["level"]
     correction_level = registry.get("rollout_correction", cfg.rollout_correction.name).traits["level"]
     advantage = registry.get("advantage", cfg.advantage.name).traits
-    algo = cfg.algorithm
 
     wanted = loss["importance_sampling_level"]
     if wanted is not None and wanted != level:
@@ -67,6 +66,26 @@ def check_compatibility(cfg: DictConfig, registry: Registry) -> None:
             f"advantage={cfg.advantage.name} compares the completions of one prompt, so it needs "
             f"generation.num_generations >= 2 (got {cfg.generation.num_generations})."
         )
+    check_algorithm(cfg)
+    if cfg.trainer.mixed_precision not in MIXED_PRECISIONS:
+        raise ConfigError(
+            f"trainer.mixed_precision={cfg.trainer.mixed_precision} is not one of {', '.join(MIXED_PRECISIONS)}."
+        )
+    if cfg.model.gradient_checkpointing not in GRADIENT_CHECKPOINTING:
+        raise ConfigError(
+            f"model.gradient_checkpointing={cfg.model.gradient_checkpointing} must be true, false or auto (on where "
+            "the model supports it)."
+        )
+    if cfg.eval.num_generations is not None and cfg.eval.num_generations < 1:
+        raise ConfigError(f"eval.num_generations={cfg.eval.num_generations} must be at least 1 (or null: as training).")
+    check_eval(cfg.eval)
+    check_instruments(cfg, registry, corrected)
+    check_sampler(cfg, registry)
+
+
+def check_algorithm(cfg: DictConfig) -> None:
+    """The algorithm's own settings, each within its range and with what it needs."""
+    algo = cfg.algorithm
     if algo.sync_ref_model and algo.beta == 0.0:
         raise ConfigError(
             "algorithm.sync_ref_model=true moves a reference model that is used only when algorithm.beta > 0: "
@@ -93,19 +112,23 @@ def check_compatibility(cfg: DictConfig, registry: Registry) -> None:
             "algorithm.sync_ref_model=true cannot move the reference of a LoRA run, which is the frozen base model "
             "itself: set algorithm.sync_ref_model=false, or train without LoRA."
         )
-    if cfg.trainer.mixed_precision not in MIXED_PRECISIONS:
+
+
+def check_sampler(cfg: DictConfig, registry: Registry) -> None:
+    """A sampler that reads rewards cannot draw ahead of them; a replayed run draws nothing."""
+    sampler = cfg.sampler.name
+    if cfg.algorithm.max_staleness and registry.get("sampler", sampler).traits["uses_rewards"]:
         raise ConfigError(
-            f"trainer.mixed_precision={cfg.trainer.mixed_precision} is not one of {', '.join(MIXED_PRECISIONS)}."
+            f"sampler={sampler} draws by the rewards it has seen, but algorithm.max_staleness="
+            f"{cfg.algorithm.max_staleness} draws prompts ahead of them, and a resumed run could not draw as the first "
+            "one did: use algorithm.max_staleness=0 (algorithm.forced_staleness gives a known lag), or a sampler "
+            "that reads no rewards (uniform, curriculum)."
         )
-    if cfg.model.gradient_checkpointing not in GRADIENT_CHECKPOINTING:
+    if cfg.rollout_files.replay and sampler != DEFAULT_CHOICES["sampler"]:
         raise ConfigError(
-            f"model.gradient_checkpointing={cfg.model.gradient_checkpointing} must be true, false or auto (on where "
-            "the model supports it)."
+            f"rollout_files.replay trains on saved batches, so sampler={sampler} would draw nothing: leave the "
+            "sampler out of a replayed run."
         )
-    if cfg.eval.num_generations is not None and cfg.eval.num_generations < 1:
-        raise ConfigError(f"eval.num_generations={cfg.eval.num_generations} must be at least 1 (or null: as training).")
-    check_eval(cfg.eval)
-    check_instruments(cfg, registry, corrected)
 
 
 def check_reward_weights(rewards: DictConfig) -> None:

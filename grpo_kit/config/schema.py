@@ -18,6 +18,7 @@ DEFAULT_CHOICES = {
     "rollout_correction": "none",
     "advantage": "group",
     "generation": "transformers",
+    "sampler": "uniform",
 }
 
 
@@ -265,6 +266,7 @@ class RunConfig:
     generation: Any = None
     environment: Any = None  # +environment=NAME: tools from an environment built per completion
     rollout: Any = None  # +rollout=NAME: a custom generation instead of the generation backend's
+    sampler: Any = None  # +sampler=NAME: which prompts make each generation batch (uniform: shuffled passes)
     tools: list[str] = field(default_factory=list)  # tool functions by import path: tools=[pkg.mod:fn]
     reward: dict = field(default_factory=dict)  # name -> options, one entry per selected reward
     hook: dict = field(default_factory=dict)  # name -> options, one entry per selected hook plugin

@@ -68,6 +68,11 @@ def register_rollouts(register):
 
 
 @hookspec
+def register_samplers(register):
+    """Register prompt samplers: which dataset rows make each generation batch (`+sampler=NAME`)."""
+
+
+@hookspec
 def register_hooks(register):
     """Register hook plugins: classes built with their config whose `on_*` methods join the run (`+hook=NAME`)."""
 

@@ -35,6 +35,7 @@ KINDS = (
     "hook",
     "environment",
     "rollout",
+    "sampler",
 )
 MULTI_CHOICE_KINDS = ("reward", "hook")  # several at once: +reward=[a,b]; stored at reward.NAME
 OPTIONAL_KINDS = ("environment", "rollout")  # a run without one is a run without tools, or with the usual generation
@@ -361,6 +362,41 @@ class RolloutResult:
     columns: dict[str, list] = field(default_factory=dict)  # extra keyword arguments for the rewards, N values each
 
 
+class Sampler(Protocol):
+    """Which prompts make each generation batch (`+sampler=NAME`, docs/plugins/sampler.md): dataset rows by index.
+
+    Every process holds its own sampler and makes the same calls with the same arguments (every process's draw,
+    every process's scored groups), so that all of them decide alike; the core hands each process its share of a
+    draw. Its state goes into checkpoints, so that a resumed run draws what the uninterrupted one would have.
+    """
+
+    # True: its draws depend on the rewards it observes. Asynchronous generation (algorithm.max_staleness) is then
+    # refused: its worker draws ahead of the observations, and a resumed run could not draw as the first one did.
+    uses_rewards: ClassVar[bool] = False
+
+    def __init__(self) -> None: ...
+
+    def start(self, dataset: Any, seed: int, shuffle: bool) -> None:
+        """Called once, before the first draw: the training prompts (a `datasets.Dataset`, whose columns a sampler
+        may read), the run's seed, and `data.shuffle` (false: the dataset's own order, where a sampler has one)."""
+
+    def draw(self, count: int) -> list[int]:
+        """The dataset indices of the next `count` prompts, every process's together."""
+
+    def observe(self, indices: list[int], rewards: torch.Tensor) -> None:
+        """After scoring, before any hook filters: each scored group's prompt index, and its (G, num_generations)
+        rewards, NaN where no reward had an opinion; every process's groups, in process order."""
+
+    def metrics(self) -> dict[str, float]:
+        """What it did since the last call, logged under `sampler/` (pool sizes, prompts set aside, ...)."""
+        return {}
+
+    def state_dict(self) -> dict:
+        """All it needs to draw on after a resume, as Python values (ints, floats, lists, dicts)."""
+
+    def load_state_dict(self, state: dict) -> None: ...
+
+
 class CustomRollout(Protocol):
     """A whole generation of its own (`+rollout=NAME`, TRL's `rollout_func`): prompts in, tokens out."""
 
@@ -380,6 +416,7 @@ PROTOCOLS = {
     "generation": Generation,
     "environment": Environment,
     "rollout": CustomRollout,
+    "sampler": Sampler,
 }
 # What the core reads of a plugin before building it, to check a run's choices (grpo_kit/config/compatibility.py).
 # Each has one source: a plugin registered by import path declares them to `register` as keywords, so that composing
@@ -391,6 +428,7 @@ TRAITS = {
     "rollout_correction": ("level",),
     "advantage": ("needs_groups",),
     "generation": ("samples_from_policy",),
+    "sampler": ("uses_rewards",),
 }
 
 

@@ -38,6 +38,7 @@ REGISTER_HOOK_OF_KIND = {
     "hook": "register_hooks",
     "environment": "register_environments",
     "rollout": "register_rollouts",
+    "sampler": "register_samplers",
 }
 
 # The core reads these fields, so a plugin of that kind must carry them.

@@ -1,15 +1,14 @@
-"""Prompts: the dataset, the order they are drawn in, and how a prompt becomes token ids."""
+"""Prompts: the dataset, this process's draws of them, and how a prompt becomes token ids."""
 
 import functools
 import json
-import random
 from pathlib import Path
 
 import datasets
 from datasets.exceptions import DatasetGenerationError
 
 from grpo_kit.config.schema import DataConfig
-from grpo_kit.contract.errors import ConfigError, InputFileError
+from grpo_kit.contract.errors import ConfigError, InputFileError, PluginError
 from grpo_kit.embedded import sums as embedded
 
 _FORMAT_OF_SUFFIX = {".json": "json", ".jsonl": "json", ".parquet": "parquet", ".csv": "csv"}
@@ -155,36 +154,45 @@ def _json_syntax_error(path: Path) -> str | None:
 
 
 class PromptSampler:
-    """Draws prompts without replacement, one shuffled pass after another, reproducibly from the seed.
+    """This process's share of the run's prompt draws, which the sampler plugin decides (`+sampler=NAME`; uniform:
+    shuffled passes, reproducibly from the seed).
 
-    Every process draws the same rows and keeps its own share, so the processes together see each row once.
+    Every process's sampler makes the same draws and is told the same groups' rewards, so all decide alike; each
+    process keeps its share of a draw, so that the processes together see each drawn prompt once.
     """
 
-    def __init__(self, dataset: datasets.Dataset, seed: int, shuffle: bool = True, process_index=0, num_processes=1):
-        self.dataset, self.shuffle = dataset, shuffle
+    def __init__(self, dataset: datasets.Dataset, sampler, seed: int, shuffle: bool, process_index=0, num_processes=1):
+        self.dataset, self.sampler = dataset, sampler
         self.process_index, self.num_processes = process_index, num_processes
-        self.rng = random.Random(seed)
-        self.order: list[int] = []
+        sampler.start(dataset, seed, shuffle)
 
     def draw(self, count: int) -> list[dict]:
-        """This process's next `count` rows: its share of the next `count` x processes rows."""
-        rows = []
-        while len(rows) < count * self.num_processes:
-            if not self.order:
-                self.order = list(range(len(self.dataset)))
-                if self.shuffle:
-                    self.rng.shuffle(self.order)
-                else:  # rows are popped from the end: unshuffled, they come in the dataset's order, as in TRL
-                    self.order.reverse()
-            rows.append(self.dataset[self.order.pop()])
-        return rows[self.process_index :: self.num_processes]
+        """This process's next `count` rows."""
+        return self.draw_indexed(count)[1]
+
+    def draw_indexed(self, count: int) -> tuple[list[int], list[dict]]:
+        """This process's next `count` rows, and their indices in the dataset."""
+        every = self.sampler.draw(count * self.num_processes)
+        if len(every) != count * self.num_processes or not all(0 <= index < len(self.dataset) for index in every):
+            raise PluginError(
+                f"The sampler {type(self.sampler).__name__} drew {every!r} for {count * self.num_processes} prompts: "
+                f"it must return that many indices of the {len(self.dataset)} training prompts."
+            )
+        mine = [int(index) for index in every[self.process_index :: self.num_processes]]
+        return mine, [self.dataset[index] for index in mine]
+
+    def observe(self, indices: list[int], rewards) -> None:
+        """Every process's scored groups: their prompts' indices and (G, num_generations) rewards."""
+        self.sampler.observe(indices, rewards)
+
+    def metrics(self) -> dict[str, float]:
+        return {f"sampler/{name}": float(value) for name, value in self.sampler.metrics().items()}
 
     def state(self) -> dict:
-        return {"rng": self.rng.getstate(), "order": list(self.order)}
+        return self.sampler.state_dict()
 
     def restore(self, state: dict) -> None:
-        self.rng.setstate(state["rng"])
-        self.order = list(state["order"])
+        self.sampler.load_state_dict(state)
 
 
 def is_conversational(prompt) -> bool:

@@ -79,7 +79,10 @@ class Rollout:
             # that version, for the staleness each micro-step trains at (training/staleness_metrics.py).
             scored = self._filtered(run, scored, lambda num_prompts: versioned(self._draw(num_prompts), version))
         else:
-            scored = self._filtered(run, self._draw(num_prompts))
+            indices, rows = self.sampler.draw_indexed(num_prompts)
+            scored = self.score(rows)
+            self._observe(indices, scored)  # the groups as scored, before a hook filters them
+            scored = self._filtered(run, scored)
         every_reward = self._gather(scored.rewards_per_func)  # (N x processes, K), in process order
         first = self.accelerator.process_index * len(scored.rows)
         advantages = self.advantage(every_reward, self.reward_weights, self.num_generations)  # (N x processes,)
@@ -90,7 +93,15 @@ class Rollout:
         if self.recorder is not None:
             self.recorder.save(scored, advantages)
         metrics = self._metrics(scored, every_reward) | (self.ahead.last_taken if self.ahead is not None else {})
+        metrics |= self.sampler.metrics()
         return RolloutBatch(scored, advantages, self._training_rows(scored, advantages), metrics, sampled_with)
+
+    def _observe(self, indices: list[int], scored: ScoredBatch) -> None:
+        """Tell the sampler every process's groups: their prompts and rewards. A hook's redraws are not told, since
+        each process redraws on its own and the samplers of all processes must be told alike."""
+        every_index = self._gather(torch.tensor(indices, dtype=torch.long)).tolist()  # (G x processes,)
+        every_reward = self._gather(scored.rewards).view(len(every_index), -1)  # (G x processes, num_generations)
+        self.sampler.observe(every_index, every_reward)
 
     def _filtered(self, run: Run, scored: ScoredBatch, draw=None) -> ScoredBatch:
         """What the hooks keep of a scored batch (DAPO's dynamic sampling draws more here, generating in this

@@ -139,7 +139,7 @@ def setup(cfg: DictConfig, run_dir: Path, registry: Registry) -> tuple[Session, 
     check_moving_reference(accelerator, cfg)
     check_recording(cfg, accelerator.num_processes)
     check_model_path(cfg.model.name_or_path)
-    prompts = load_checked_prompts(cfg, plugins.rewards, accelerator)
+    prompts = load_checked_prompts(cfg, registry, plugins.rewards, accelerator)
     plan = BatchPlan.of(cfg, accelerator.num_processes, len(prompts.train))
     replay = cfg.rollout_files.replay
     replay = RolloutReplay(replay, plan.num_generations, plan.generation_batch_size) if replay else None
@@ -227,10 +227,13 @@ def build_plugins(cfg: DictConfig, registry: Registry) -> Plugins:
     )
 
 
-def load_checked_prompts(cfg: DictConfig, rewards: dict, accelerator: Accelerator) -> Prompts:
-    """The training and evaluation prompts, with the columns the rewards read (a rollout plugin may add them)."""
+def load_checked_prompts(cfg: DictConfig, registry: Registry, rewards: dict, accelerator: Accelerator) -> Prompts:
+    """The training and evaluation prompts, with the columns the rewards read (a rollout plugin may add them), and
+    the sampler that draws them."""
     train = load_prompts(cfg.data)
-    sampler = PromptSampler(train, cfg.seed, cfg.data.shuffle, accelerator.process_index, accelerator.num_processes)
+    plugin = registry.build("sampler", cfg.sampler.name, options(cfg.sampler))
+    shares = accelerator.process_index, accelerator.num_processes
+    sampler = PromptSampler(train, plugin, cfg.seed, cfg.data.shuffle, *shares)
     prompts = Prompts(train, load_eval_sets(cfg.eval, cfg.data), sampler)
     for dataset in prompts.every_set if cfg.rollout is None else ():
         check_reward_columns(rewards, dataset, OmegaConf.to_container(cfg.reward, resolve=True))

@@ -38,6 +38,7 @@ from grpo_kit.testing.contracts.plugin import PluginContract
 from grpo_kit.testing.contracts.reward import RewardContract
 from grpo_kit.testing.contracts.rollout import RolloutContract
 from grpo_kit.testing.contracts.rollout_correction import RolloutCorrectionContract
+from grpo_kit.testing.contracts.sampler import SamplerContract
 
 __all__ = [
     "AdvantageContract",
@@ -50,5 +51,6 @@ __all__ = [
     "RewardContract",
     "RolloutContract",
     "RolloutCorrectionContract",
+    "SamplerContract",
     "assert_contracts_cover",
 ]

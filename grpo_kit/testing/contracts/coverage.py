@@ -13,6 +13,7 @@ from grpo_kit.testing.contracts.plugin import PluginContract
 from grpo_kit.testing.contracts.reward import RewardContract
 from grpo_kit.testing.contracts.rollout import RolloutContract
 from grpo_kit.testing.contracts.rollout_correction import RolloutCorrectionContract
+from grpo_kit.testing.contracts.sampler import SamplerContract
 
 
 def assert_contracts_cover(distribution: str, namespace: dict) -> None:
@@ -52,4 +53,5 @@ _CONTRACT_OF_KIND = {
     "hook": HookContract.__name__,
     "environment": EnvironmentContract.__name__,
     "rollout": RolloutContract.__name__,
+    "sampler": SamplerContract.__name__,
 }

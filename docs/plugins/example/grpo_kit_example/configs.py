@@ -25,3 +25,9 @@ class RegexFormatConfig(grpo_kit.RewardConfig):  # a reward's config extends Rew
 @dataclass
 class RewardTargetConfig:
     target: float = 0.5  # the mean logged reward to reach
+
+
+@dataclass
+class FailureReplayConfig:
+    share: float = 0.25  # of each draw, at most, given to prompts whose last group fell below `below`
+    below: float = 0.5  # a group whose mean reward is below this is a failure

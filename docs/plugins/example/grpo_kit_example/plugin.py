@@ -1,16 +1,16 @@
 """Registers this distribution's plugins; the `grpo_kit` entry point in pyproject.toml names this module.
 
 Each hook registers plugins of one kind: `register(name, "package.module:Class", Config)`. The name is what users
-type (`+loss=gpg`, `advantage=gpg`, `+reward=regex_format`, `+hook=reward_target`); the config dataclass's fields
-become their options. The class is named by its import path and imported only when a run builds it: grpo_kit
-imports this module for every `grpo-kit` command and every composed run, so it must not import torch (the kit's
-contract tests check that). For the same reason the traits the core checks a run's choices with before building
-anything (`accumulation_invariant=True`, `needs_groups=True`) are declared here, and only here: the class does not
-repeat them, and a run hands them to the object it builds.
+type (`+loss=gpg`, `advantage=gpg`, `+reward=regex_format`, `+hook=reward_target`, `+sampler=failure_replay`); the
+config dataclass's fields become their options. The class is named by its import path and imported only when a run
+builds it: grpo_kit imports this module for every `grpo-kit` command and every composed run, so it must not import
+torch (the kit's contract tests check that). For the same reason the traits the core checks a run's choices with
+before building anything (`accumulation_invariant=True`, `needs_groups=True`, `uses_rewards=True`) are declared
+here, and only here: the class does not repeat them, and a run hands them to the object it builds.
 """
 
 import grpo_kit
-from grpo_kit_example.configs import GPGAdvantageConfig, RegexFormatConfig, RewardTargetConfig
+from grpo_kit_example.configs import FailureReplayConfig, GPGAdvantageConfig, RegexFormatConfig, RewardTargetConfig
 
 
 @grpo_kit.hookimpl
@@ -35,3 +35,9 @@ def register_rewards(register):
 def register_hooks(register):
     # +hook=reward_target hook.reward_target.target=0.5
     register("reward_target", "grpo_kit_example.reward_target:RewardTarget", RewardTargetConfig)
+
+
+@grpo_kit.hookimpl
+def register_samplers(register):
+    # Its draws depend on the rewards it is told: asynchronous generation, which draws ahead of them, is refused.
+    register("failure_replay", "grpo_kit_example.failure_replay:FailureReplay", FailureReplayConfig, uses_rewards=True)

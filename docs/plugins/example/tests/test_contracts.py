@@ -8,6 +8,7 @@ from grpo_kit.testing.contracts import (
     HookContract,
     LossContract,
     RewardContract,
+    SamplerContract,
     assert_contracts_cover,
 )
 
@@ -38,6 +39,10 @@ class TestRegexFormatAnywhere(RewardContract):
 
 class TestRewardTarget(HookContract):
     plugin_name = "reward_target"
+
+
+class TestFailureReplay(SamplerContract):
+    plugin_name = "failure_replay"
 
 
 def test_every_plugin_is_checked():

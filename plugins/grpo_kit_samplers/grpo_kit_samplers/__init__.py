@@ -1,0 +1,1 @@
+"""grpo_kit's built-in prompt samplers (`+sampler=NAME`): which dataset rows make each generation batch."""
