@@ -196,10 +196,11 @@ def test_bad_instrument_settings_are_refused(tiny_model, overrides, message):
         grpo_kit.compose(tiny_run(tiny_model, "+reward=accuracy", *overrides))
 
 
-def test_the_report_draws_shadow_against_trained_loss(tiny_model, tmp_path, registry):
+def test_the_report_draws_the_instruments(tiny_model, tmp_path, registry):
     run_dir = tmp_path / "run"
-    train(tiny_model, run_dir, registry, "+shadow=[cispo]", "shadow.gradient_every=1")
+    instruments = ("+shadow=[cispo]", "shadow.gradient_every=1", "+diagnostics=gradient", "diagnostics.groups_every=1")
+    train(tiny_model, run_dir, registry, *instruments)
     written = {path.name for path in write_report(run_dir)}
-    assert {"shadow_loss.png", "shadow_grad_cosine.png"} <= written
+    assert {"shadow_loss.png", "shadow_grad_cosine.png", "gradient_noise_scale.png", "gradient_groups.png"} <= written
     report = (run_dir / "report.md").read_text()
     assert "![Trained and shadow losses](shadow_loss.png)" in report

@@ -22,6 +22,10 @@ FIGURE_TITLES = {
     "kl.png": "KL divergence",
     "entropy.png": "Entropy",
     "clip_ratio.png": "Clipped tokens",
+    "shadow_loss.png": "Trained and shadow losses",
+    "shadow_grad_cosine.png": "Shadow gradients against the trained gradient",
+    "gradient_noise_scale.png": "Gradient noise scale",
+    "gradient_groups.png": "The gradient each group of completions contributes",
     "staleness.png": "Final reward and KL to the behaviour policy against forced staleness",
 }
 

@@ -42,6 +42,12 @@ FIGURES = [
     Figure("kl.png", "KL divergence to the reference model", "KL (k3 estimate, per token)", ("kl",)),
     Figure("entropy.png", "Policy entropy", "entropy (nats per token)", ("entropy",)),
     Figure("clip_ratio.png", "Clipped tokens", "share of tokens clipped", ("clip_ratio/region_mean", "*_clip_ratio")),
+    Figure(
+        "gradient_noise_scale.png",
+        "Gradient noise scale (+diagnostics=gradient)",
+        "tr(Sigma) / |G|^2, in completions",
+        ("grad/noise_scale",),
+    ),
 ]
 
 

@@ -1,8 +1,9 @@
-"""The shadow objectives' figures (docs/instruments.md): per variant, the trained loss and each shadow loss over
-the steps, and each shadow gradient's cosine with the trained one. Drawn when some run logged `shadow/NAME/loss`.
-
-A panel per variant, since a shadow is read against its own run's trained loss; a line per loss, the mean over the
-variant's seeds of their smoothed curves (as in plots.py).
+"""The instruments' figures (docs/instruments.md), a panel per variant, since each is read against its own run:
+- the trained loss and each shadow loss over the steps, and each shadow gradient's cosine with the trained one
+  (when some run logged `shadow/NAME/loss`);
+- the share of the gradient norm each group of completions contributes (when some run logged `grad/group/`).
+A line per metric, the mean over the variant's seeds of their smoothed curves (as in plots.py). The noise scale,
+one line per variant, is among plots.py's figures.
 """
 
 import math
@@ -20,9 +21,16 @@ def shadow_names(variants: list[Variant]) -> list[str]:
     return sorted(match.group(1) for name in logged if (match := SHADOW_LOSS.match(name)))
 
 
-def write_shadow_plots(variants: list[Variant], directory: Path, subtitle: str = "") -> list[Path]:
-    """The shadow figures written into `directory` (none when no run logged a shadow loss)."""
-    drawn = draw_shadow_figures(variants, subtitle)
+GROUPS = {
+    **{f"length quartile {q}": f"grad/group/length_q{q}/share" for q in range(1, 5)},
+    "advantage > 0": "grad/group/advantage_positive/share",
+    "advantage < 0": "grad/group/advantage_negative/share",
+}
+
+
+def write_instrument_plots(variants: list[Variant], directory: Path, subtitle: str = "") -> list[Path]:
+    """The instruments' figures written into `directory` (none when no run logged what they show)."""
+    drawn = draw_shadow_figures(variants, subtitle) | draw_group_figure(variants, subtitle)
     for filename, fig in drawn.items():
         fig.savefig(directory / filename, bbox_inches="tight")
     return [directory / filename for filename in drawn]
@@ -56,6 +64,16 @@ def draw_shadow_figures(variants: list[Variant], subtitle: str = "") -> dict:
             "cosine with the trained loss's gradient, on the step's first micro-batch",
         )
     return drawn
+
+
+def draw_group_figure(variants: list[Variant], subtitle: str = "") -> dict:
+    """gradient_groups.png, when some run logged the diagnostics' group split."""
+    if not any(_curve(variant, (metric,)) for variant in variants for metric in GROUPS.values()):
+        return {}
+    colour_of = dict(zip(GROUPS, colours(len(GROUPS))))
+    title = "The gradient each group of completions contributes"
+    ylabel = "norm of the group's gradient / the step's"
+    return {"gradient_groups.png": _panels(variants, GROUPS, colour_of, title, subtitle, ylabel)}
 
 
 def _panels(variants: list[Variant], metrics: dict[str, str], colour_of: dict, title: str, subtitle: str, ylabel: str):
