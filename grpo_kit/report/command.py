@@ -23,6 +23,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="the variant that runs on frozen rollouts are compared with: its label, or overrides only it has "
         "(e.g. 'loss=grpo'); by default the first label in sorted order",
     )
+    parser.add_argument(
+        "--band",
+        type=Path,
+        metavar="FILE",
+        help="a recipe's reference band (tests/recipe_bands/NAME.json): every run is drawn against it (band.png) "
+        "and report.md says which of its values lie outside",
+    )
 
 
 def report_command(args: argparse.Namespace) -> int:
@@ -30,7 +37,7 @@ def report_command(args: argparse.Namespace) -> int:
     from grpo_kit.report.build import write_report
 
     try:
-        written = write_report(args.directory, plots=not args.no_plots, baseline=args.baseline)
+        written = write_report(args.directory, plots=not args.no_plots, baseline=args.baseline, band=args.band)
     except (ReportError, FileNotFoundError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
