@@ -50,10 +50,12 @@ def write_report(
             notes.append(f"No figures: {error}. Install matplotlib for them: {INSTALL_HINT}.")
             log.warning("The sweep report has no figures: %s. %s", error, INSTALL_HINT)
         else:
+            from grpo_kit.report.instrument_plots import write_instrument_plots
             from grpo_kit.report.plots import write_plots
             from grpo_kit.report.staleness_plots import write_staleness_plots
 
             figures, all_zero = write_plots(variants, sweep_dir, subtitle=sweep_name(sweep_dir))
+            figures += write_instrument_plots(variants, sweep_dir, subtitle=sweep_name(sweep_dir))
             figures += write_staleness_plots(variants, sweep_dir, subtitle=sweep_name(sweep_dir))
             if comparison is not None:
                 from grpo_kit.report.paired_plots import write_paired_plots
