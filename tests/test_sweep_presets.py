@@ -21,6 +21,8 @@ from grpo_kit.config.presets import PRESETS_MODULE
 CONF = Path(__file__).resolve().parents[1] / "conf"
 PRESET_FOLDERS = ["experiment", "sweep", "sweep/losses", "hydra/launcher", "hydra/sweeper"]
 LOSSES = {"grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "luspo", "vespo"}
+# Experiments that are a study's grid rather than a paper's recipe: they have no reference band.
+NOT_PAPER_RECIPES = {"staleness_x_correction"}
 REPORT_CALLBACK = "++hydra.callbacks.report._target_=grpo_kit.report.callback.ReportCallback"
 
 
@@ -50,6 +52,7 @@ def test_dapo_recipe(registry):
     assert cfg.reward.soft_overlong.soft_punish_cache == 1
     assert cfg.reward.soft_overlong.max_completion_len == cfg.generation.max_completion_length
     assert cfg.algorithm.mask_truncated_completions is True
+    assert cfg.algorithm.steps_per_generation == 4  # else every ratio is 1 and clip-higher never acts
 
 
 def test_dr_grpo_gspo_cispo_recipes(registry):
@@ -60,6 +63,28 @@ def test_dr_grpo_gspo_cispo_recipes(registry):
     assert (gspo.loss.epsilon, gspo.loss.epsilon_high, gspo.algorithm.steps_per_generation) == (3e-4, 4e-4, 4)
     cispo = grpo_kit.compose(["+experiment=cispo", "+reward=accuracy"], registry)
     assert (cispo.loss.name, cispo.loss.epsilon_high, cispo.importance_sampling.name) == ("cispo", 5.0, "token")
+
+
+def test_sapo_vespo_luspo_recipes(registry):
+    sapo = grpo_kit.compose(["+experiment=sapo", "+reward=accuracy"], registry)
+    assert (sapo.loss.name, sapo.importance_sampling.name, sapo.algorithm.steps_per_generation) == ("sapo", "token", 4)
+    assert (sapo.loss.temperature_pos, sapo.loss.temperature_neg) == (1.0, 1.05)
+    vespo = grpo_kit.compose(["+experiment=vespo", "+reward=accuracy"], registry)
+    assert (vespo.loss.name, vespo.importance_sampling.name, vespo.algorithm.steps_per_generation) == (
+        "vespo",
+        "token",
+        4,
+    )
+    luspo = grpo_kit.compose(["+experiment=luspo", "+reward=accuracy"], registry)
+    assert (luspo.loss.name, luspo.importance_sampling.name) == ("luspo", "sequence")
+    assert (luspo.loss.epsilon, luspo.loss.epsilon_high, luspo.algorithm.steps_per_generation) == (3e-4, 4e-4, 4)
+
+
+def test_every_recipe_has_a_band():
+    """A recipe without a reference band would change what it does to learning unnoticed (tests/recipe_bands/)."""
+    recipes = {path.stem for path in (CONF / "experiment").glob("*.yaml")} - NOT_PAPER_RECIPES
+    bands = {path.stem for path in (Path(__file__).parent / "recipe_bands").glob("*.json")}
+    assert recipes <= bands, f"recipes without a band: {sorted(recipes - bands)}; see tests/recipe_bands/regenerate.py"
 
 
 def test_an_experiment_is_changed_without_plus(registry):
