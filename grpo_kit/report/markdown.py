@@ -19,6 +19,7 @@ FIGURE_TITLES = {
     "reward.png": "Reward",
     "eval_reward.png": "Reward on the eval set",
     "completion_length.png": "Completion length",
+    "flat_groups.png": "Groups whose rewards are all equal",
     "kl.png": "KL divergence",
     "entropy.png": "Entropy",
     "clip_ratio.png": "Clipped tokens",

@@ -39,6 +39,12 @@ FIGURES = [
     Figure("reward.png", "Reward", "mean reward of the step's completions", ("reward",)),
     Figure("eval_reward.png", "Reward on the eval set", "mean reward of the eval completions", ("eval/reward",)),
     Figure("completion_length.png", "Completion length", "tokens per completion (mean)", ("completions/mean_length",)),
+    Figure(
+        "flat_groups.png",
+        "Groups whose rewards are all equal",
+        "share of the step's groups (no advantage, no gradient)",
+        ("frac_reward_zero_std",),
+    ),
     Figure("kl.png", "KL divergence to the reference model", "KL (k3 estimate, per token)", ("kl",)),
     Figure("entropy.png", "Policy entropy", "entropy (nats per token)", ("entropy",)),
     Figure("clip_ratio.png", "Clipped tokens", "share of tokens clipped", ("clip_ratio/region_mean", "*_clip_ratio")),
