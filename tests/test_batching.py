@@ -150,7 +150,7 @@ def test_a_run_with_two_iterations_trains_again_on_the_log_probs_of_its_first_pa
     checked = []
     original = Optimization.train_on
 
-    def train_on(self, micro_batch, reduction, finite, ends_step):
+    def train_on(self, micro_batch, reduction, finite, ends_step, **instruments):
         key = str(micro_batch.completion_ids.tolist())
         if key not in seen:
             assert micro_batch.old_per_token_logps is None  # the first pass computes them
@@ -159,7 +159,7 @@ def test_a_run_with_two_iterations_trains_again_on_the_log_probs_of_its_first_pa
         else:
             torch.testing.assert_close(micro_batch.old_per_token_logps, seen[key], atol=1e-6, rtol=0)
             checked.append(key)
-        return original(self, micro_batch, reduction, finite, ends_step)
+        return original(self, micro_batch, reduction, finite, ends_step, **instruments)
 
     monkeypatch.setattr(Optimization, "train_on", train_on)
     overrides = tiny_run(

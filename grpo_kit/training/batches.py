@@ -46,7 +46,8 @@ class GenerationBatch:
 
     `weight_version` is the number of optimizer steps the weights that generated it had taken. A synchronous run
     trains on a batch from the step it was generated at; asynchronous generation (algorithm.max_staleness) makes
-    batches ahead, with older weights, and reads how far behind they are from it.
+    batches ahead, with older weights, and reads how far behind they are from it; forced staleness
+    (algorithm.forced_staleness) generates it with the weights of exactly k steps before.
     """
 
     micro_batches: list[MicroBatch]  # on the device
