@@ -2,8 +2,8 @@
 the claimed cause removed (conf/experiment/dapo.yaml says which claims the task cannot show, and why).
 
 Three 40-step runs at seed 0, each read by the tests that need it (module-scoped): the recipe, the recipe without
-dynamic sampling, the recipe with symmetric clipping. GRPO_KIT_RECIPE_OVERRIDES (space-separated, appended to the
-recipe's run only) removes a cause from the recipe itself, which each test must then fail:
+dynamic sampling, the recipe with symmetric clipping. GRPO_KIT_RECIPE_OVERRIDES (space-separated, appended to each
+of these runs) removes a cause from the recipe, which the test about it must then fail:
     GRPO_KIT_RECIPE_OVERRIDES='~hook@hook.dynamic_sampling'  fails the dynamic sampling test
     GRPO_KIT_RECIPE_OVERRIDES=loss.epsilon_high=0.2           fails the clip-higher test
     GRPO_KIT_RECIPE_OVERRIDES=algorithm.steps_per_generation=1  fails it too: on-policy, no ratio is ever clipped
@@ -20,6 +20,9 @@ RECIPE = ["+experiment=dapo", "+reward=accuracy", "trainer.max_steps=40", "train
 
 
 def train(tmp_path_factory, name: str, overrides: list[str]) -> list[dict]:
+    """The run of `overrides` and GRPO_KIT_RECIPE_OVERRIDES: a cause removed from the recipe is removed from its
+    comparisons too, so that each test compares the same recipe with and without what the test is about."""
+    overrides = list(dict.fromkeys([*overrides, *os.environ.get("GRPO_KIT_RECIPE_OVERRIDES", "").split()]))
     run_dir = tmp_path_factory.mktemp(name) / "run"
     grpo_kit.train(grpo_kit.compose(overrides), run_dir)
     lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
@@ -32,7 +35,7 @@ def mean(lines: list[dict], metric: str) -> float:
 
 @pytest.fixture(scope="module")
 def dapo(tmp_path_factory):
-    return train(tmp_path_factory, "dapo", [*RECIPE, *os.environ.get("GRPO_KIT_RECIPE_OVERRIDES", "").split()])
+    return train(tmp_path_factory, "dapo", RECIPE)
 
 
 @pytest.mark.slow
