@@ -311,3 +311,13 @@ def test_evaluation_gets_the_current_weights_and_generation_the_lagged_ones_agai
     with ring.current_pushed(generation, model, 1):
         assert same(held(), current)
     assert same(held(), initial)
+
+
+def test_a_lagged_sampler_is_corrected_even_where_the_policy_samples_itself(tiny_model):
+    """algorithm.correct_policy_sampler=false corrects other samplers only; under forced staleness the sampler is an
+    older policy, so the correction applies, and a level the loss refuses is refused."""
+    settings = ("+reward=accuracy", "+loss=vespo", "rollout_correction=sequence_mask")
+    settings += ("algorithm.correct_policy_sampler=false",)
+    grpo_kit.compose(tiny_run(tiny_model, *settings))  # the correction is off: no level to refuse
+    with pytest.raises(ConfigError, match="takes only token-level rollout corrections"):
+        grpo_kit.compose(tiny_run(tiny_model, *settings, "algorithm.forced_staleness=2"))

@@ -181,8 +181,9 @@ def check_training_length(trainer: DictConfig) -> None:
 def corrects_rollouts(cfg: DictConfig, registry: Registry) -> bool:
     """Whether the chosen rollout correction applies to this run's samples. The transformers backend samples with
     the trained model itself, so its log-probs differ from the trainer's by rounding only: TRL corrects under vLLM
-    alone (a rollout_func's samples too), and algorithm.correct_policy_sampler=false (model=hf) does the same."""
-    if cfg.algorithm.correct_policy_sampler:
+    alone (a rollout_func's samples too), and algorithm.correct_policy_sampler=false (model=hf) does the same. Under
+    algorithm.forced_staleness >= 1 the sampler is an older policy by construction, whatever the backend."""
+    if cfg.algorithm.correct_policy_sampler or (cfg.algorithm.forced_staleness or 0) >= 1:
         return True
     return not registry.get("generation", cfg.generation.name).traits["samples_from_policy"]
 
