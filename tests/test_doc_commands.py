@@ -35,6 +35,7 @@ YOUR_FILES = "names the reader's own model and data files (M, train.jsonl)"
 CHAT_ONLY = "TRL's think_format_reward reads chat messages, and the embedded task's completions are text"
 
 SKIPPED = {
+    "python -m grpo_kit --trl-config tests/data/trl_recipes/trl_cli_example_config.yaml +reward=think_format": HUB,
     "python -m grpo_kit model.name_or_path=Qwen/Qwen2.5-0.5B-Instruct data.path=prompts.jsonl +reward=accuracy": HUB,
     "python -m grpo_kit model.name_or_path=Qwen/Qwen3-0.6B data.path=prompts.jsonl +reward=accuracy "
     "+data.chat_template_kwargs.enable_thinking=false": HUB,
@@ -288,6 +289,8 @@ def test_the_command_works(command, workspace, monkeypatch, request):
             if "--band" in arguments:  # the docs name it from the checkout's root, and the workspace is elsewhere
                 where = arguments.index("--band") + 1
                 arguments[where] = str(ROOT / arguments[where])
+        if arguments[0] == "from-trl":  # the docs name a recipe from the checkout's root
+            arguments[1] = str(ROOT / arguments[1])
         if arguments[0] == "eval":
             arguments[1] = str(finished_run_for(arguments[1], request.getfixturevalue("sweep_directory")))
         assert commands.main(arguments) == 0

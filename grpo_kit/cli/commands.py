@@ -5,6 +5,7 @@
     grpo-kit plugins --kind loss   one kind only
     grpo-kit report DIR            a sweep's report.md, runs.csv, variants.csv and figures, written into DIR
     grpo-kit eval RUN_DIR [K=V]    a run's model (or a checkpoint, or a model folder) on eval sets: eval.json
+    grpo-kit from-trl RECIPE.yaml  a TRL or open-r1 recipe as the grpo_kit command that runs it (docs/trl.md)
 
 A new command is a function `NAME_command(args) -> int` plus its parser in `build_parser`.
 """
@@ -18,6 +19,9 @@ import sys
 from grpo_kit.cli.evaluate import DESCRIPTION as EVAL_DESCRIPTION
 from grpo_kit.cli.evaluate import add_arguments as add_eval_arguments
 from grpo_kit.cli.evaluate import eval_command
+from grpo_kit.cli.from_trl import DESCRIPTION as FROM_TRL_DESCRIPTION
+from grpo_kit.cli.from_trl import add_arguments as add_from_trl_arguments
+from grpo_kit.cli.from_trl import from_trl_command
 from grpo_kit.contract.errors import PluginError
 from grpo_kit.contract.kinds import KINDS
 from grpo_kit.plugins.inventory import InstalledPlugin, installed_plugins
@@ -25,7 +29,7 @@ from grpo_kit.report.command import DESCRIPTION as REPORT_DESCRIPTION
 from grpo_kit.report.command import add_arguments as add_report_arguments
 from grpo_kit.report.command import report_command
 
-COMMANDS = ("plugins", "report", "eval")
+COMMANDS = ("plugins", "report", "eval", "from-trl")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -88,6 +92,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_eval_arguments(evaluation)
     evaluation.set_defaults(run=eval_command)
+    from_trl = commands.add_parser(
+        "from-trl",
+        help="a TRL or open-r1 recipe as the grpo_kit command that runs it",
+        description=FROM_TRL_DESCRIPTION,
+    )
+    add_from_trl_arguments(from_trl)
+    from_trl.set_defaults(run=from_trl_command)
     return parser
 
 
