@@ -54,7 +54,8 @@ class ModelConfig:
     # Large vocabularies (docs/training.md): full materialises the (B, T, V) logits; chunked never does (log-probs
     # from the last hidden states, logits_chunk_size positions at a time); tiled holds no more than a tile of
     # logits_chunk_size positions x logits_vocab_tile columns; liger uses liger-kernel's fused linear GRPO loss where
-    # it equals the plain loss (TRL's use_liger_kernel; pip install 'grpo-kit[liger]'), else chunked.
+    # it equals the plain loss (pip install 'grpo-kit[liger]'), else chunked. Not TRL's use_liger_kernel, which
+    # patches the model's layer kernels instead (docs/trl.md).
     logits: str = "full"
     logits_chunk_size: int = 1024  # positions whose logits exist at once (chunked, tiled, and liger's metrics)
     logits_vocab_tile: int = 32768  # vocabulary columns of a tile (tiled)

@@ -9,7 +9,8 @@ This is the seam where a memory-saving path replaces the plain one, which materi
   time, in the head's precision with a float32 running log-sum-exp (TRL's fused head tiles so); the chunked path
   where the head is not a plain linear layer;
 - liger: liger-kernel's fused linear GRPO loss for the losses that declare a Liger equivalent and the settings in
-  which it equals the plain objective (TRL's `use_liger_kernel`); the chunked path for everything else.
+  which it equals the plain objective; the chunked path for everything else. (TRL 1.16 has no such loss: its
+  `use_liger_kernel` patches the model's layer kernels, docs/trl.md.)
 Old and reference log-probs (no gradient) take the chunked path whenever `model.logits` is not full.
 On every path, a mixture-of-experts model's load-balancing loss is added to the training pass's loss
 (`algorithm.router_aux_loss_coef`).
