@@ -27,16 +27,12 @@ LATER = [
     "hub_revision",
     "log_completions",
     "num_completions_to_print",
-    "ddp_timeout",
-    "tf32",
     "torch_compile",
-    "torch_empty_cache_steps",
     "generation_batch_size",
     "vllm_structured_outputs_regex",
     "metric_for_best_model",
     "greater_is_better",
     "load_best_model_at_end",
-    "logging_first_step",
 ]
 
 

@@ -30,6 +30,7 @@ def check_compatibility(cfg: DictConfig, registry: Registry) -> None:
     check_reward_weights(cfg.reward)
     check_generation(cfg.generation)
     check_training_length(cfg.trainer)
+    check_housekeeping(cfg.trainer)
     loss = registry.get("loss", cfg.loss.name).traits
     level = registry.get("importance_sampling", cfg.importance_sampling.name).traits["level"]
     correction_level = registry.get("rollout_correction", cfg.rollout_correction.name).traits["level"]
@@ -111,6 +112,17 @@ def check_algorithm(cfg: DictConfig) -> None:
         raise ConfigError(
             "algorithm.sync_ref_model=true cannot move the reference of a LoRA run, which is the frozen base model "
             "itself: set algorithm.sync_ref_model=false, or train without LoRA."
+        )
+
+
+def check_housekeeping(trainer: DictConfig) -> None:
+    if trainer.ddp_timeout < 1:
+        raise ConfigError(
+            f"trainer.ddp_timeout={trainer.ddp_timeout} is in seconds and must be at least 1 (TRL: 1800)."
+        )
+    if trainer.torch_empty_cache_steps is not None and trainer.torch_empty_cache_steps < 1:
+        raise ConfigError(
+            f"trainer.torch_empty_cache_steps={trainer.torch_empty_cache_steps} must be at least 1 (or null: never)."
         )
 
 

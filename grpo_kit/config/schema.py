@@ -161,6 +161,9 @@ class TrainerConfig:
     # no, bf16 (CPU too) or fp16 (GPU): accelerate's autocast around the forward passes; auto: bf16 on a GPU that
     # has it, else no (the log says which).
     mixed_precision: str = "no"
+    tf32: bool | None = None  # TF32 matmuls and convolutions on CUDA GPUs that have them; None: torch's default
+    torch_empty_cache_steps: int | None = None  # free the GPU's cached memory every this many steps; None: never
+    ddp_timeout: int = 1800  # seconds processes wait for one another in a collective call (TRL's default)
     # torch.utils.checkpoint's options when model.gradient_checkpointing is on (use_reentrant: false unless given),
     # and transformers' every_n_layers and offload. `Any`: its keys are free.
     gradient_checkpointing_kwargs: Any = None
@@ -168,6 +171,7 @@ class TrainerConfig:
     project: str = "grpo_kit"  # the trackers' project (TRL's default is huggingface)
     run_name: str | None = None  # the trackers' name for this run; None: the run directory's last two parts
     logging_steps: int = 1
+    logging_first_step: bool = False  # also log the first step, whatever logging_steps (TRL's logging_first_step)
     progress_bar: bool = True
     save_model: bool = True  # save_pretrained into the run directory at the end
     save_steps: int = 0  # a checkpoint every this many steps (0: only at the end) in RUN_DIR/checkpoints

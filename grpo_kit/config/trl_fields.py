@@ -49,7 +49,7 @@ TRAINING = {
     "fp16": Mapped("trainer.mixed_precision", t.fp16, "true: fp16"),
     "bf16_full_eval": Refused("evaluation runs in the training precision", "trainer.mixed_precision", False),
     "fp16_full_eval": Refused("evaluation runs in the training precision", "trainer.mixed_precision", False),
-    "tf32": later("trainer.mixed_precision", None),
+    "tf32": Mapped("trainer.tf32"),
     "activation_checkpointing": Mapped("model.gradient_checkpointing", t.checkpointing, "transformers 5's new name"),
     "activation_checkpointing_kwargs": Mapped("trainer.gradient_checkpointing_kwargs", t.checkpointing_kwargs),
     "gradient_checkpointing": Mapped("model.gradient_checkpointing", t.checkpointing),
@@ -61,14 +61,14 @@ TRAINING = {
     "liger_kernel_config": Refused(LIGER, LIGER_NEAREST, None),
     "use_cache": NotApplicable("training passes never keep a KV cache; generation backends keep their own"),
     "neftune_noise_alpha": Refused("no noise on the embeddings", "none", None),
-    "torch_empty_cache_steps": later("none", None),
+    "torch_empty_cache_steps": Mapped("trainer.torch_empty_cache_steps"),
     "auto_find_batch_size": Refused("no batch-size search", "trainer.max_tokens_per_micro_batch", False),
 }
 
 LOGGING = {
     "logging_strategy": Mapped("trainer.logging_steps", t.logging_strategy, "steps only"),
     "logging_steps": Mapped("trainer.logging_steps", t.whole_steps("trainer.logging_steps"), "whole steps only"),
-    "logging_first_step": later("trainer.logging_steps=1", False),
+    "logging_first_step": Mapped("trainer.logging_first_step"),
     "log_on_each_node": NotApplicable("only the main process logs, on any number of nodes"),
     "logging_nan_inf_filter": NotApplicable(
         "grpo_kit logs a non-finite loss as it is, and stops after trainer.max_bad_steps of them in a row"
@@ -151,7 +151,7 @@ RUNTIME = {
     "ddp_broadcast_buffers": Refused("DDP is configured by its launcher", LAUNCHER, None),
     "ddp_static_graph": Refused("DDP is configured by its launcher", LAUNCHER, None),
     "ddp_backend": Refused("DDP is configured by its launcher", LAUNCHER, None),
-    "ddp_timeout": later(LAUNCHER, 1800),
+    "ddp_timeout": Mapped("trainer.ddp_timeout"),
     "fsdp": Refused("sharding is chosen by the launcher's config", "conf/accelerate/fsdp2.yaml", None),
     "fsdp_config": Refused("sharding is chosen by the launcher's config", "conf/accelerate/fsdp2.yaml", None),
     "deepspeed": Refused("DeepSpeed is chosen by the launcher's config", "conf/accelerate/deepspeed_zero3.yaml", None),

@@ -24,3 +24,14 @@ def resolve_mixed_precision(requested: str) -> str:
         where,
     )
     return "no"
+
+
+def use_tf32(enabled: bool | None) -> None:
+    """trainer.tf32: TF32 for CUDA matmuls and cuDNN convolutions (Ampere GPUs and later), as transformers sets it;
+    None leaves torch's defaults. A CPU computes in float32 whatever it says."""
+    if enabled is None:
+        return
+    torch.backends.cuda.matmul.allow_tf32 = enabled
+    torch.backends.cudnn.allow_tf32 = enabled
+    if enabled and not torch.cuda.is_available():
+        log.info("trainer.tf32=true acts on CUDA GPUs only: this run computes in float32 on its device")

@@ -11,6 +11,7 @@ import math
 import time
 from pathlib import Path
 
+from accelerate.utils.memory import clear_device_cache
 from omegaconf import DictConfig
 
 from grpo_kit.contract.errors import GenerationUnavailable
@@ -132,11 +133,14 @@ def end_of_step(session: Session, state: TrainState, step: int, finite: bool, gr
                 evaluated = resources.evaluator(step)
         except GenerationUnavailable as error:
             raise saved_and_stopped(error, session, state) from error
-    if step % t.logging_steps == 0 or step == session.run.max_steps or evaluated:
+    first = t.logging_first_step and step == 1
+    if step % t.logging_steps == 0 or step == session.run.max_steps or evaluated or first:
         logged = summarise(window, step, t.gradient_accumulation_steps, session.optimization.learning_rate)
         logged |= token_counts(state.num_tokens, session.started)
         window.clear()
         resources.hooks.on_log(run=session.run, step=step, metrics=logged | evaluated)
+    if t.torch_empty_cache_steps and step % t.torch_empty_cache_steps == 0:
+        clear_device_cache()  # the caching allocator's free blocks back to the device (nothing on a CPU)
     stopping = stop.reason is not None  # read once: a signal that comes later stops the run after the next step
     if (t.save_steps and step % t.save_steps == 0) or step == session.run.max_steps or stopping:
         save_step(session, state, weights_only=t.save_only_model and not stopping)  # a stopping run saves it all

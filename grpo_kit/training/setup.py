@@ -10,6 +10,7 @@ run's resources, then the rollout and its generation batches.
 import logging
 import os
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +18,7 @@ import datasets
 import torch
 from accelerate import Accelerator
 from accelerate.state import AcceleratorState
-from accelerate.utils import ProjectConfiguration, set_seed
+from accelerate.utils import InitProcessGroupKwargs, ProjectConfiguration, set_seed
 from omegaconf import DictConfig, OmegaConf
 
 from grpo_kit.config.compose import complete, options
@@ -28,7 +29,7 @@ from grpo_kit.contract.pipeline import Run
 from grpo_kit.model.loading import load_model
 from grpo_kit.model.logprobs import unwrapped
 from grpo_kit.model.packing import use_packing
-from grpo_kit.model.precision import resolve_mixed_precision
+from grpo_kit.model.precision import resolve_mixed_precision, use_tf32
 from grpo_kit.model.sharding import (
     build_reference,
     check_moving_reference,
@@ -393,7 +394,11 @@ def build_accelerator(t: DictConfig, run_dir: Path, trackers: list[str]) -> Acce
         mixed_precision=resolve_mixed_precision(t.mixed_precision),
         log_with=accelerate_trackers(trackers, t, run_dir) or None,
         project_config=ProjectConfiguration(project_dir=str(run_dir), logging_dir=str(run_dir / "trackers")),
+        # Other processes wait in a collective while the main one talks to a generation server: TRL's 1800 s, not
+        # the process group's 600 s default.
+        kwargs_handlers=[InitProcessGroupKwargs(timeout=timedelta(seconds=t.ddp_timeout))],
     )
+    use_tf32(t.tf32)
     for engine, flag in (("FSDP", "ACCELERATE_USE_FSDP"), ("DeepSpeed", "ACCELERATE_USE_DEEPSPEED")):
         if (
             os.environ.get(flag, "").lower() == "true"
