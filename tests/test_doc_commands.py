@@ -32,9 +32,11 @@ HUB = "network: downloads a model or a dataset from the Hugging Face hub"
 SLURM = "needs a Slurm cluster"
 ELIDED = "leaves part of the command out (...) for the reader to fill in"
 YOUR_FILES = "names the reader's own model and data files (M, train.jsonl)"
+WANDB_LOGIN = "needs a wandb login; the WANDB_MODE=offline command beside it runs here"
 CHAT_ONLY = "TRL's think_format_reward reads chat messages, and the embedded task's completions are text"
 
 SKIPPED = {
+    "python -m grpo_kit +reward=accuracy trainer.report_to=[wandb]": WANDB_LOGIN,
     "python -m grpo_kit --trl-config tests/data/trl_recipes/trl_cli_example_config.yaml +reward=think_format": HUB,
     "python -m grpo_kit model.name_or_path=Qwen/Qwen2.5-0.5B-Instruct data.path=prompts.jsonl +reward=accuracy": HUB,
     "python -m grpo_kit model.name_or_path=Qwen/Qwen3-0.6B data.path=prompts.jsonl +reward=accuracy "

@@ -78,14 +78,12 @@ def test_a_tracker_not_installed_says_what_to_install(name):
         check_trackers([name])
 
 
-def test_wandb_is_offline_unless_the_user_said_otherwise(monkeypatch):
+def test_wandb_is_left_to_its_own_settings(monkeypatch):
+    """No silent offline: a logged-in user's runs reach their dashboard, as under TRL."""
     pytest.importorskip("wandb")
     monkeypatch.delenv("WANDB_MODE", raising=False)
     check_trackers(["wandb"])
-    assert os.environ["WANDB_MODE"] == "offline"
-    monkeypatch.setenv("WANDB_MODE", "online")
-    check_trackers(["wandb"])
-    assert os.environ["WANDB_MODE"] == "online"
+    assert "WANDB_MODE" not in os.environ
 
 
 def test_no_trackers_and_repeats():
@@ -120,11 +118,27 @@ def test_a_run_reports_to_tensorboard_inside_its_directory(registry, tiny_model,
 
 def test_a_run_reports_to_wandb_offline_inside_its_directory(registry, tiny_model, tmp_path, monkeypatch):
     pytest.importorskip("wandb")
-    monkeypatch.delenv("WANDB_MODE", raising=False)
+    monkeypatch.setenv("WANDB_MODE", "offline")
     grpo_kit.train(grpo_kit.compose(tracked_run(tiny_model, "wandb"), registry), tmp_path / "run", registry)
     [offline_run] = (tmp_path / "run" / "wandb").glob("offline-run-*")
     [records] = offline_run.glob("*.wandb")
     assert records.stat().st_size > 0
+
+
+def test_a_run_wandb_cannot_start_stops_with_the_remedy(registry, tiny_model, tmp_path, monkeypatch):
+    """Not logged in, and no WANDB_MODE: wandb refuses, and the run says how to log in or go offline."""
+    wandb = pytest.importorskip("wandb")
+    wandb.teardown()  # wandb keeps its settings per process: an offline run before this one left them offline
+    for variable in ("WANDB_MODE", "WANDB_API_KEY"):
+        monkeypatch.delenv(variable, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))  # no ~/.netrc, no wandb login
+    monkeypatch.setenv("WANDB_CONFIG_DIR", str(tmp_path / "home" / "wandb"))
+    cfg = grpo_kit.compose(tracked_run(tiny_model, "wandb"), registry)
+    try:
+        with pytest.raises(ConfigError, match=r"wandb login.*WANDB_MODE=offline"):
+            grpo_kit.train(cfg, tmp_path / "run", registry)
+    finally:
+        wandb.teardown()  # and leave no settings of this one to the next
 
 
 def test_a_missing_tracker_stops_the_run_before_it_starts(registry, tiny_model, tmp_path):

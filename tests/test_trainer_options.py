@@ -184,7 +184,7 @@ def test_schedule_options_that_would_do_nothing_fail_before_the_model_is_loaded(
 
 def test_wandb_runs_under_the_project_and_run_name_given(tmp_path, fresh_accelerate_state, monkeypatch):
     pytest.importorskip("wandb")
-    monkeypatch.delenv("WANDB_MODE", raising=False)
+    monkeypatch.setenv("WANDB_MODE", "offline")
     cfg = OmegaConf.create({"trainer": trainer(project="my-project", run_name="lr-3e-4")})
     accelerator = Accelerator(cpu=True, log_with=accelerate_trackers(check_trackers(["wandb"]), cfg.trainer, tmp_path))
     run, logger = Run(cfg, tmp_path, accelerator, model=None, tokenizer=None, max_steps=1), TrackerLogger()

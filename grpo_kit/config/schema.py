@@ -167,7 +167,7 @@ class TrainerConfig:
     # torch.utils.checkpoint's options when model.gradient_checkpointing is on (use_reentrant: false unless given),
     # and transformers' every_n_layers and offload. `Any`: its keys are free.
     gradient_checkpointing_kwargs: Any = None
-    report_to: list[str] = field(default_factory=list)  # experiment trackers: tensorboard, wandb (offline), trackio
+    report_to: list[str] = field(default_factory=list)  # experiment trackers: tensorboard, wandb, trackio
     project: str = "grpo_kit"  # the trackers' project (TRL's default is huggingface)
     run_name: str | None = None  # the trackers' name for this run; None: the run directory's last two parts
     logging_steps: int = 1

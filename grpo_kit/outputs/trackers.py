@@ -7,11 +7,11 @@ process only.
 
 Where each run's records go, under `trainer.project` and named `trainer.run_name`: tensorboard into
 RUN_DIR/trackers/PROJECT/ (RUN_DIR/trackers/PROJECT/RUN_NAME/ when a run name is given: tensorboard names a run by
-its folder), wandb into RUN_DIR/wandb/, trackio into its own local store.
+its folder), wandb into RUN_DIR/wandb/, trackio into its own local store. wandb runs as its own settings say:
+online when logged in, offline with WANDB_MODE=offline; a run it cannot start stops with how to fix it.
 """
 
 import math
-import os
 from pathlib import Path
 
 from accelerate.tracking import TensorBoardTracker
@@ -44,10 +44,6 @@ def check_trackers(names: list[str]) -> list[str]:
             f"trainer.report_to needs a package that is not installed: pip install {' '.join(missing)} "
             f"(or leave {', '.join(missing)} out of trainer.report_to)."
         )
-    if "wandb" in names:
-        # No network is assumed (a cluster node, a laptop on a train): wandb would wait for a login or a server.
-        # Offline runs land in RUN_DIR/wandb/ and `wandb sync` uploads them later; WANDB_MODE=online opts in.
-        os.environ.setdefault("WANDB_MODE", "offline")
     return list(dict.fromkeys(names))  # a name given twice would start its tracker twice
 
 
@@ -66,11 +62,21 @@ class TrackerLogger:
         t = run.cfg.trainer
         # By default DATE/TIME, or TIME/JOB in a sweep
         run_name = t.run_name or "/".join(run.directory.resolve().parts[-2:])
-        run.accelerator.init_trackers(
-            t.project,
-            config=flat_config(redacted(run.cfg)),
-            init_kwargs={"wandb": {"dir": str(run.directory), "name": run_name}, "trackio": {"name": run_name}},
-        )
+        try:
+            run.accelerator.init_trackers(
+                t.project,
+                config=flat_config(redacted(run.cfg)),
+                init_kwargs={"wandb": {"dir": str(run.directory), "name": run_name}, "trackio": {"name": run_name}},
+            )
+        except Exception as error:
+            if "wandb" not in t.report_to:
+                raise
+            # wandb runs as its own settings say, as under TRL: online when logged in, offline when WANDB_MODE says.
+            raise ConfigError(
+                f"trainer.report_to=[wandb]: wandb could not start ({type(error).__name__}: {error}). Log in "
+                "(`wandb login`, or WANDB_API_KEY), or set WANDB_MODE=offline to keep the run in RUN_DIR/wandb/ "
+                "for `wandb sync`."
+            ) from error
 
     @hookimpl
     def on_log(self, run, step, metrics):
