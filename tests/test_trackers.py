@@ -4,6 +4,9 @@ import importlib.util
 import json
 import math
 import os
+import re
+import subprocess
+import sys
 
 import pytest
 from accelerate import Accelerator
@@ -125,20 +128,16 @@ def test_a_run_reports_to_wandb_offline_inside_its_directory(registry, tiny_mode
     assert records.stat().st_size > 0
 
 
-def test_a_run_wandb_cannot_start_stops_with_the_remedy(registry, tiny_model, tmp_path, monkeypatch):
-    """Not logged in, and no WANDB_MODE: wandb refuses, and the run says how to log in or go offline."""
-    wandb = pytest.importorskip("wandb")
-    wandb.teardown()  # wandb keeps its settings per process: an offline run before this one left them offline
-    for variable in ("WANDB_MODE", "WANDB_API_KEY"):
-        monkeypatch.delenv(variable, raising=False)
-    monkeypatch.setenv("HOME", str(tmp_path / "home"))  # no ~/.netrc, no wandb login
-    monkeypatch.setenv("WANDB_CONFIG_DIR", str(tmp_path / "home" / "wandb"))
-    cfg = grpo_kit.compose(tracked_run(tiny_model, "wandb"), registry)
-    try:
-        with pytest.raises(ConfigError, match=r"wandb login.*WANDB_MODE=offline"):
-            grpo_kit.train(cfg, tmp_path / "run", registry)
-    finally:
-        wandb.teardown()  # and leave no settings of this one to the next
+def test_a_run_wandb_cannot_start_stops_with_the_remedy(tiny_model, tmp_path):
+    """Not logged in, and no WANDB_MODE: wandb refuses, and the run says how to log in or go offline. In a process
+    of its own: a wandb that tried to start leaves state behind that other tests' forks trip on."""
+    pytest.importorskip("wandb")
+    environment = {name: value for name, value in os.environ.items() if not name.startswith("WANDB_")}
+    environment |= {"HOME": str(tmp_path / "home"), "WANDB_CONFIG_DIR": str(tmp_path / "home" / "wandb")}
+    command = [sys.executable, "-m", "grpo_kit", *tracked_run(tiny_model, "wandb"), f"hydra.run.dir={tmp_path / 'run'}"]
+    finished = subprocess.run(command, env=environment, capture_output=True, text=True, timeout=300)
+    assert finished.returncode != 0
+    assert re.search(r"wandb login.*WANDB_MODE=offline", finished.stdout + finished.stderr), finished.stderr[-2000:]
 
 
 def test_a_missing_tracker_stops_the_run_before_it_starts(registry, tiny_model, tmp_path):
