@@ -5,6 +5,12 @@ Read beside grpo_kit/config/trl_fields.py, as its table is."""
 from grpo_kit.config import trl_rewards as rewards
 from grpo_kit.config.trl_entries import Mapped, NotApplicable, Refusal, Refused, same
 
+
+def reward_option(reward: str, option: str) -> Mapped:
+    """open-r1's field for one option of a reward: reward.REWARD.OPTION, set where the recipe selects that reward."""
+    return Mapped(f"reward.{reward}.{option}", rewards.reward_option(reward, option))
+
+
 REMOVED = "not a field of TRL 1.16's GRPOConfig (older TRL or transformers had it)"
 OWN_PROMPTS = (
     "grpo_kit reads the dataset's `prompt` column as it is (text or chat messages), as TRL's grpo script does; "
@@ -69,31 +75,15 @@ SCRIPT = {
     "system_prompt": Refused(OWN_PROMPTS, PROMPT_NEAREST, None),
     "dataset_prompt_column": Refused(OWN_PROMPTS, PROMPT_NEAREST, "prompt"),
     "chat_template": Refused("the tokenizer's own chat template renders prompts", "a model folder with it", None),
-    "cosine_min_value_wrong": Mapped(
-        "reward.cosine_scaled.min_value_wrong", rewards.reward_option("cosine_scaled", "min_value_wrong")
-    ),
-    "cosine_max_value_wrong": Mapped(
-        "reward.cosine_scaled.max_value_wrong", rewards.reward_option("cosine_scaled", "max_value_wrong")
-    ),
-    "cosine_min_value_correct": Mapped(
-        "reward.cosine_scaled.min_value_correct", rewards.reward_option("cosine_scaled", "min_value_correct")
-    ),
-    "cosine_max_value_correct": Mapped(
-        "reward.cosine_scaled.max_value_correct", rewards.reward_option("cosine_scaled", "max_value_correct")
-    ),
-    "cosine_max_len": Mapped("reward.cosine_scaled.max_len", rewards.reward_option("cosine_scaled", "max_len")),
-    "repetition_n_grams": Mapped(
-        "reward.repetition_penalty.ngram_size", rewards.reward_option("repetition_penalty", "ngram_size")
-    ),
-    "repetition_max_penalty": Mapped(
-        "reward.repetition_penalty.max_penalty", rewards.reward_option("repetition_penalty", "max_penalty")
-    ),
-    "max_completion_len": Mapped(
-        "reward.soft_overlong.max_completion_len", rewards.reward_option("soft_overlong", "max_completion_len")
-    ),
-    "soft_punish_cache": Mapped(
-        "reward.soft_overlong.soft_punish_cache", rewards.reward_option("soft_overlong", "soft_punish_cache")
-    ),
+    "cosine_min_value_wrong": reward_option("cosine_scaled", "min_value_wrong"),
+    "cosine_max_value_wrong": reward_option("cosine_scaled", "max_value_wrong"),
+    "cosine_min_value_correct": reward_option("cosine_scaled", "min_value_correct"),
+    "cosine_max_value_correct": reward_option("cosine_scaled", "max_value_correct"),
+    "cosine_max_len": reward_option("cosine_scaled", "max_len"),
+    "repetition_n_grams": reward_option("repetition_penalty", "ngram_size"),
+    "repetition_max_penalty": reward_option("repetition_penalty", "max_penalty"),
+    "max_completion_len": reward_option("soft_overlong", "max_completion_len"),
+    "soft_punish_cache": reward_option("soft_overlong", "soft_punish_cache"),
     "wandb_project": same("trainer.project", "open-r1's"),
     "wandb_entity": Refused("wandb's entity is wandb's own setting", "WANDB_ENTITY", None),
     "wandb_run_group": Refused("no run groups", "trainer.run_name", None),
