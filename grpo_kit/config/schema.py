@@ -10,6 +10,8 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+from grpo_kit.contract.secrets import secret
+
 # The choices a run makes when the command line makes none (TRL's defaults, and DAPO's loss). They are names in
 # the config, not imports: a default whose plugin is not installed is left unselected.
 DEFAULT_CHOICES = {
@@ -191,6 +193,25 @@ class TrainerConfig:
     torch_threads: int | None = None
     sample_every: int = 50  # steps between sample tables (samples.jsonl, samples.html); 0: none
     sample_rows: int = 16  # completions per sample table
+    # Completion tables in the trackers (wandb Table, trackio, tensorboard text) and the console, every
+    # logging step: prompt, completion, each reward, advantage, step (TRL's log_completions).
+    log_completions: bool = False
+    num_completions_to_print: int | None = None  # rows of the console's table; None: all of the step's
+    # The policy's forward compiled with torch.compile for the training passes (TRL's torch_compile).
+    torch_compile: bool = False
+    # The best checkpoint: the one whose metric_for_best_model (a logged metric, e.g. eval/reward) is best; it is
+    # never deleted by save_total_limit. greater_is_better None: true unless the name ends in "loss" (TRL).
+    metric_for_best_model: str | None = None
+    greater_is_better: bool | None = None
+    load_best_model_at_end: bool = False  # the best checkpoint's weights become the final model/
+    # The Hub (docs/hub.md): the model, and checkpoints by hub_strategy, uploaded through huggingface_hub.
+    push_to_hub: bool = False
+    hub_model_id: str | None = None  # user/name or name; None: the run directory's name
+    hub_strategy: str = "every_save"  # end, every_save or checkpoint (TRL's meanings)
+    hub_private_repo: bool | None = None  # None: the Hub's default
+    hub_token: str | None = secret()  # None: huggingface_hub's own login (HF_TOKEN, `hf auth login`)
+    hub_revision: str | None = None  # the branch pushed to; None: main
+    hub_always_push: bool = False  # push each save even while the previous push is still uploading
 
 
 @dataclass

@@ -186,6 +186,12 @@ class GenerationConfig:
     top_k: int | None = None  # sample among the k likeliest tokens only; None keeps all
     min_p: float | None = None  # drop tokens below min_p times the likeliest token's probability; None keeps all
     repetition_penalty: float = 1.0  # > 1 makes tokens already in the prompt or completion less likely; 1.0: off
+    # Completions per generation batch, all processes together (TRL's generation_batch_size); it sets
+    # algorithm.steps_per_generation. None: per_device_train_batch_size x processes x steps_per_generation.
+    batch_size: int | None = None
+    # Every completion must match this regular expression (TRL's vllm_structured_outputs_regex): vLLM's structured
+    # outputs; a backend that cannot constrain its sampling refuses it. None: unconstrained.
+    structured_outputs_regex: str | None = None
 
 
 @dataclass
