@@ -2,8 +2,9 @@
 
 The sizes are TRL's GRPOTrainer's. A micro-batch holds `per_device_train_batch_size` completions; an optimizer step
 accumulates `gradient_accumulation_steps` micro-batches; a generation batch holds `steps_per_generation`
-micro-batches (by default one optimizer step's worth) and is trained on `num_iterations` times before the next one
-is generated. Every other module reads these numbers from the plan, and a run logs it in one line as it starts.
+micro-batches (by default one optimizer step's worth, or as many as generation.batch_size, TRL's
+generation_batch_size, fills) and is trained on `num_iterations` times before the next one is generated. Every other
+module reads these numbers from the plan, and a run logs it in one line as it starts.
 """
 
 import logging
@@ -35,7 +36,7 @@ class BatchPlan:
         plan = cls(
             completions_per_micro_batch=t.per_device_train_batch_size,
             accumulation=t.gradient_accumulation_steps,
-            steps_per_generation=algo.steps_per_generation or t.gradient_accumulation_steps,
+            steps_per_generation=steps_per_generation(cfg, num_processes),
             num_iterations=algo.num_iterations,
             num_generations=cfg.generation.num_generations,
             num_processes=num_processes,
@@ -107,3 +108,32 @@ class BatchPlan:
             f"{self.accumulation} micro-batch(es) per optimizer step, {self.max_steps} steps"
             + (", old log-probs computed (the policy moves within a generation batch)" if self.off_policy else "")
         )
+
+
+def steps_per_generation(cfg: DictConfig, num_processes: int) -> int:
+    """The micro-batches of a generation batch: algorithm.steps_per_generation, or generation.batch_size (the
+    completions of every process together) over the micro-batches of all processes, as TRL derives them from
+    generation_batch_size and with its checks; neither: one optimizer step's worth."""
+    t, algo, batch_size = cfg.trainer, cfg.algorithm, cfg.generation.batch_size
+    if batch_size is None:
+        return algo.steps_per_generation or t.gradient_accumulation_steps
+    if algo.steps_per_generation is not None:
+        raise ConfigError(
+            f"generation.batch_size={batch_size} and algorithm.steps_per_generation={algo.steps_per_generation} "
+            "both set the size of a generation batch: give one of them (as TRL refuses generation_batch_size with "
+            "steps_per_generation)."
+        )
+    micro_batches = t.per_device_train_batch_size * num_processes  # one micro-batch on every process
+    if batch_size < 1 or batch_size % micro_batches:
+        raise ConfigError(
+            f"generation.batch_size={batch_size} must be a positive multiple of trainer.per_device_train_batch_size="
+            f"{t.per_device_train_batch_size} x {num_processes} process(es) = {micro_batches}: every process cuts its "
+            "share into whole micro-batches (algorithm.steps_per_generation = generation.batch_size / "
+            f"{micro_batches})."
+        )
+    if batch_size % cfg.generation.num_generations:
+        raise ConfigError(
+            f"generation.batch_size={batch_size} is not a multiple of generation.num_generations="
+            f"{cfg.generation.num_generations}: a generation batch holds whole groups of completions."
+        )
+    return batch_size // micro_batches
