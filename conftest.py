@@ -2,6 +2,7 @@
 
 import importlib
 import os
+import tempfile
 import textwrap
 
 import pytest
@@ -9,6 +10,10 @@ from accelerate.state import AcceleratorState, GradientState
 
 from grpo_kit.plugins.registry import Registry, plugin_manager
 from grpo_kit.testing import build_tiny_model
+
+# trackio keeps its runs in one store, read when it is imported: the tests' runs go to a folder of their own, not
+# into the user's ~/.cache/huggingface/trackio.
+os.environ.setdefault("TRACKIO_DIR", tempfile.mkdtemp(prefix="grpo_kit-tests-trackio-"))
 
 
 @pytest.fixture

@@ -22,7 +22,6 @@ TRL_EXAMPLE = RECIPES / "trl_cli_example_config.yaml"
 DEMO_REFUSED = {
     "vllm_device",
     "hub_model_id",
-    "log_completions",
     "max_prompt_length",
     "overwrite_output_dir",
     "push_to_hub",
@@ -68,7 +67,7 @@ def test_the_rest_of_an_open_r1_recipe_composes_with_its_values(registry):
     overrides = [o for o in hydra_overrides(translation.overrides) if not o.startswith("hydra.")]
     cfg = grpo_kit.compose([*overrides, "+reward=accuracy"], registry)
     assert cfg.generation.name == "vllm_colocate" and cfg.generation.gpu_memory_utilization == 0.7
-    assert cfg.trainer.logging_first_step is True
+    assert cfg.trainer.logging_first_step is True and cfg.trainer.log_completions is True
     assert cfg.model.model_init_kwargs == {"dtype": "bfloat16", "attn_implementation": "flash_attention_2"}
     assert (cfg.data.path, cfg.data.name, cfg.eval.split, cfg.eval.steps) == (
         "AI-MO/NuminaMath-TIR",

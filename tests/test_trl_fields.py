@@ -25,8 +25,6 @@ LATER = [
     "hub_token",
     "hub_always_push",
     "hub_revision",
-    "log_completions",
-    "num_completions_to_print",
     "torch_compile",
     "generation_batch_size",
     "vllm_structured_outputs_regex",

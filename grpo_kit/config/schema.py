@@ -197,6 +197,7 @@ class TrainerConfig:
     # logging step: prompt, completion, each reward, advantage, step (TRL's log_completions).
     log_completions: bool = False
     num_completions_to_print: int | None = None  # rows of the console's table; None: all of the step's
+    log_unique_prompts: bool = False  # one row per prompt in the trackers' tables: its group's first completion
     # The policy's forward compiled with torch.compile for the training passes (TRL's torch_compile).
     torch_compile: bool = False
     # The best checkpoint: the one whose metric_for_best_model (a logged metric, e.g. eval/reward) is best; it is

@@ -83,11 +83,13 @@ LOGGING = {
     "trackio_space_id": Refused("trackio logs locally only", "trainer.report_to=[trackio]", None),
     "trackio_bucket_id": Refused("trackio logs locally only", "trainer.report_to=[trackio]", None),
     "trackio_static_space_id": Refused("trackio logs locally only", "trainer.report_to=[trackio]", None),
-    "log_completions": later("trainer.sample_every (samples.jsonl, samples.html)", False),
-    "log_multimodal": Refused("completion tables are not built yet (issue #47)", "trainer.sample_every", True),
-    "num_completions_to_print": later("trainer.sample_rows", None),
-    "log_unique_prompts": Refused("completion tables are not built yet (issue #47)", "trainer.sample_rows", False),
-    "log_completions_hub_repo": later("none", None),
+    "log_completions": same("trainer.log_completions"),
+    "log_multimodal": NotApplicable("the completion tables show each image of a prompt as [image]"),
+    "num_completions_to_print": same("trainer.num_completions_to_print"),
+    "log_unique_prompts": same("trainer.log_unique_prompts"),
+    "log_completions_hub_repo": Refused(
+        "completion tables go to the trackers and samples.jsonl, not to a Hub dataset", "trainer.log_completions", None
+    ),
 }
 
 EVALUATION = {

@@ -98,7 +98,7 @@ tr.truncated td.flag {{ color: #b00; font-weight: bold; }}
 def _step(rows: list[dict]) -> str:
     # A group's completions are adjacent in the batch; one block per prompt shows them against each other, which
     # is what their advantages are relative to.
-    groups = [list(group) for _, group in itertools.groupby(rows, key=lambda row: _text(row["prompt"]))]
+    groups = [list(group) for _, group in itertools.groupby(rows, key=lambda row: as_text(row["prompt"]))]
     return f"<h2>step {rows[0]['step']}</h2>\n" + "\n".join(_group(group) for group in groups)
 
 
@@ -110,7 +110,7 @@ def _group(rows: list[dict]) -> str:
     head = "".join(f"<th>{html.escape(name)}</th>" for name in columns)
     lines = []
     for row in rows:
-        cells = [f'<td class="text">{html.escape(_text(row["completion"]))}</td>']
+        cells = [f'<td class="text">{html.escape(as_text(row["completion"]))}</td>']
         if has_lengths:
             cells.append(f'<td class="number">{row["completion_tokens"]}</td>')
             cells.append(f'<td class="flag">{"yes" if row["truncated"] else "no"}</td>')
@@ -119,7 +119,7 @@ def _group(rows: list[dict]) -> str:
         cells.append(f'<td class="number">{_shown(row["advantage"])}</td>')
         truncated = ' class="truncated"' if row.get("truncated") else ""
         lines.append(f"<tr{truncated}>{''.join(cells)}</tr>")
-    prompt = html.escape(_text(rows[0]["prompt"]))
+    prompt = html.escape(as_text(rows[0]["prompt"]))
     return (
         f'<div class="group">\n<div class="prompt">{prompt}</div>\n<table><tr>{head}</tr>\n'
         + "\n".join(lines)
@@ -127,7 +127,7 @@ def _group(rows: list[dict]) -> str:
     )
 
 
-def _text(value) -> str:
+def as_text(value) -> str:
     if isinstance(value, list):  # chat messages
         return "\n".join(_message(message) for message in value)
     return str(value)

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from grpo_kit.outputs.checkpoints import resume_command
+from grpo_kit.outputs.completion_tables import CompletionTables
 from grpo_kit.outputs.loggers import ConsoleLogger
 from grpo_kit.outputs.samples import SampleLog
 from grpo_kit.report.collect import load_run
@@ -99,6 +100,7 @@ class Resources:
     generation: Any = None  # the generation backend, once started
     evaluator: Evaluator | None = None  # eval sets, when configured
     samples: SampleLog | None = None  # samples.jsonl and samples.html, on the main process
+    completion_tables: CompletionTables | None = None  # trainer.log_completions, on every process
 
     @property
     def hooks(self):
@@ -106,9 +108,13 @@ class Resources:
         return self.plugin_manager.hook
 
     def record_samples(self, step: int, batch) -> None:
-        """A new generation batch's completions in the sample log, on the main process."""
+        """A new generation batch's completions in the sample log (on the main process) and the completion tables
+        (gathered from every process)."""
+        columns = batch.sample_columns(list(self.scorer.rewards))
         if self.samples is not None:
-            self.samples.record(step, *batch.sample_columns(list(self.scorer.rewards)))
+            self.samples.record(step, *columns)
+        if self.completion_tables is not None:
+            self.completion_tables.remember(step, *columns[:5])
 
     def __enter__(self) -> "Resources":
         return self

@@ -43,6 +43,7 @@ from grpo_kit.objective.policy_loss import PolicyLoss, build_policy_loss
 from grpo_kit.objective.sampler_correction import SamplerCorrection
 from grpo_kit.objective.shadows import build_shadows
 from grpo_kit.outputs.checkpoints import claim_run_directory
+from grpo_kit.outputs.completion_tables import CompletionTables
 from grpo_kit.outputs.loggers import ConsoleLogger, JsonlLogger
 from grpo_kit.outputs.plugin_lock import record_session
 from grpo_kit.outputs.samples import SampleLog
@@ -319,12 +320,17 @@ def build_resources(
         is_world_process_zero=accelerator.is_main_process,
     )
     console = ConsoleLogger()
+    tables = None
+    if t.log_completions:
+        tables = CompletionTables(accelerator, t.num_completions_to_print, t.log_unique_prompts)
+    loggers = [JsonlLogger(), console, *([TrackerLogger()] if trackers else []), *([tables] if tables else [])]
     return Resources(
         registry.plugin_manager,
-        [JsonlLogger(), console, *([TrackerLogger()] if trackers else []), *plugins.hooks],
+        [*loggers, *plugins.hooks],
         console,
         Scorer(plugins.rewards, timeout=t.reward_timeout, workers=t.reward_workers, trainer_state=trainer_state),
         StopRequest(),
+        completion_tables=tables,
     )
 
 
