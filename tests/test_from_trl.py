@@ -163,6 +163,14 @@ def test_an_unknown_field_is_refused_by_name():
             },
         ),
         ({"save_strategy": "no", "save_steps": 100}, {"trainer.save_steps": 0}),
+        (
+            {"metric_for_best_model": "reward", "load_best_model_at_end": True},  # transformers reads eval_reward
+            {"trainer.metric_for_best_model": "eval/reward", "trainer.load_best_model_at_end": True},
+        ),
+        (
+            {"metric_for_best_model": "eval_rewards/accuracy/mean"},
+            {"trainer.metric_for_best_model": "eval/rewards/accuracy/mean"},
+        ),
     ],
 )
 def test_translations_that_read_several_fields(recipe, expected):
@@ -181,6 +189,8 @@ def test_translations_that_read_several_fields(recipe, expected):
         {"logging_steps": 0.1},  # a share of the run's steps
         {"gradient_checkpointing": True, "activation_checkpointing": False},  # two fields, one option
         {"report_to": ["mlflow"]},
+        {"metric_for_best_model": "eval_loss"},  # grpo_kit's evaluation computes no loss
+        {"save_strategy": "best"},
     ],
 )
 def test_values_grpo_kit_cannot_honour_are_refused(recipe):

@@ -28,9 +28,6 @@ LATER = [
     "torch_compile",
     "generation_batch_size",
     "vllm_structured_outputs_regex",
-    "metric_for_best_model",
-    "greater_is_better",
-    "load_best_model_at_end",
 ]
 
 

@@ -80,6 +80,7 @@ def check_compatibility(cfg: DictConfig, registry: Registry) -> None:
     if cfg.eval.num_generations is not None and cfg.eval.num_generations < 1:
         raise ConfigError(f"eval.num_generations={cfg.eval.num_generations} must be at least 1 (or null: as training).")
     check_eval(cfg.eval)
+    check_best_checkpoint(cfg.trainer, cfg.eval)
     check_instruments(cfg, registry, corrected)
     check_sampler(cfg, registry)
 
@@ -206,6 +207,45 @@ def _corrections_of_level(registry: Registry, levels) -> list[str]:
 
 # Metric names of their own under eval/: a set with one of these names would be read as them.
 RESERVED_EVAL_SET_NAMES = ("rewards", "completions")
+
+
+def check_best_checkpoint(trainer: DictConfig, evaluation: DictConfig) -> None:
+    """trainer.metric_for_best_model judges each saved checkpoint by the metric logged at its step, so every save
+    step must log it; load_best_model_at_end needs a metric and a final model to put the best weights into."""
+    metric = trainer.metric_for_best_model
+    if metric is None:
+        for name in ("load_best_model_at_end", "greater_is_better"):
+            if trainer[name] not in (None, False):
+                raise ConfigError(
+                    f"trainer.{name} needs trainer.metric_for_best_model, the logged metric that chooses the best "
+                    "checkpoint (eval/reward, say). TRL falls back on the loss, which in GRPO says nothing of how "
+                    "good the policy is."
+                )
+        return
+    if trainer.load_best_model_at_end and (trainer.save_only_model or not trainer.save_model):
+        raise ConfigError(
+            "trainer.load_best_model_at_end makes the best checkpoint's weights the final model/, which needs "
+            "trainer.save_model=true and whole checkpoints (trainer.save_only_model=false)."
+        )
+    save_steps = trainer.save_steps
+    if metric.startswith("eval/"):
+        if evaluation.path is None and evaluation.split is None and not evaluation.sets:
+            raise ConfigError(
+                f"trainer.metric_for_best_model={metric} is an eval metric, but no eval set is named: set eval.split "
+                "or eval.path (docs/evaluation.md), or name a training metric (reward, say)."
+            )
+        if save_steps and (evaluation.steps == 0 or save_steps % evaluation.steps):
+            raise ConfigError(
+                f"trainer.metric_for_best_model={metric} judges each checkpoint by the evaluation at its step, but "
+                f"trainer.save_steps={save_steps} saves where eval.steps={evaluation.steps} does not evaluate: make "
+                "save_steps a multiple of eval.steps."
+            )
+    elif save_steps and save_steps % trainer.logging_steps:
+        raise ConfigError(
+            f"trainer.metric_for_best_model={metric} judges each checkpoint by the metric logged at its step, but "
+            f"trainer.save_steps={save_steps} saves where trainer.logging_steps={trainer.logging_steps} does not log: "
+            "make save_steps a multiple of logging_steps."
+        )
 
 
 def check_eval(evaluation: DictConfig) -> None:

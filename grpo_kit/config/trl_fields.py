@@ -106,9 +106,11 @@ EVALUATION = {
     "eval_accumulation_steps": NotApplicable(NO_PREDICTIONS),
     "include_for_metrics": NotApplicable(NO_PREDICTIONS),
     "batch_eval_metrics": NotApplicable(NO_PREDICTIONS),
-    "load_best_model_at_end": later("none", False),
-    "metric_for_best_model": later("none", None),
-    "greater_is_better": later("none", None),
+    "load_best_model_at_end": same("trainer.load_best_model_at_end"),
+    "metric_for_best_model": Mapped(
+        "trainer.metric_for_best_model", t.metric_for_best_model, "eval_NAME or NAME becomes eval/NAME"
+    ),
+    "greater_is_better": same("trainer.greater_is_better"),
 }
 
 SAVING = {

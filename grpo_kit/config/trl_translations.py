@@ -6,7 +6,7 @@ grpo_kit/config/trl_fields.py and grpo_kit/config/trl_script_fields.py.
 
 from typing import Any
 
-from grpo_kit.config.trl_entries import NOT_BUILT_YET, Refusal, Translate
+from grpo_kit.config.trl_entries import Refusal, Translate
 
 TRACKERS = ("tensorboard", "wandb", "trackio")
 CLIPPED_LOSSES = ("grpo", "bnpo", "dr_grpo", "dapo", "luspo")  # the losses with epsilon, epsilon_high and delta
@@ -63,8 +63,21 @@ def save_strategy(value, recipe: dict) -> dict:
     if value == "no":
         return {"trainer.save_steps": 0}  # grpo_kit still saves the final model (trainer.save_model)
     if value == "best":
-        raise Refusal(NOT_BUILT_YET, "trainer.save_steps")
+        raise Refusal(
+            "grpo_kit saves every save_steps steps and keeps the best of them whatever save_total_limit says",
+            "trainer.metric_for_best_model",
+        )
     raise Refusal(f"grpo_kit checkpoints every N steps, not every {value}", "trainer.save_steps")
+
+
+def metric_for_best_model(value, recipe: dict) -> dict:
+    """transformers names eval metrics eval_NAME, and puts eval_ before a name without it; grpo_kit's are eval/NAME."""
+    if value is None:
+        return {}
+    name = value.removeprefix("eval_")
+    if name == "loss":
+        raise Refusal("grpo_kit's evaluation generates and scores completions; it computes no loss", "eval/reward")
+    return {"trainer.metric_for_best_model": f"eval/{name}"}
 
 
 def save_total_limit(value, recipe: dict) -> dict:

@@ -49,9 +49,11 @@ FORMAT = 2  # how state.pt lays out the TrainState; a checkpoint of another form
 LOCK = ".lock"  # RUN_DIR/.lock, locked by the run that uses the directory and holding its pid
 
 
-def save_checkpoint(run_dir: Path, step: int, write: Callable[[Path], None], keep: int) -> Path:
+def save_checkpoint(
+    run_dir: Path, step: int, write: Callable[[Path], None], keep: int, protect: Path | None = None
+) -> Path:
     """The checkpoint of `step`, whose contents `write` puts into the folder it is given (`write_state`,
-    `write_weights`)."""
+    `write_weights`). The newest `keep` checkpoints are kept, and `protect` (the best one) whatever its age."""
     root = Path(run_dir) / CHECKPOINTS
     root.mkdir(exist_ok=True)
     final = root / f"{PREFIX}{step:06d}"
@@ -75,7 +77,8 @@ def save_checkpoint(run_dir: Path, step: int, write: Callable[[Path], None], kee
     shutil.rmtree(final, ignore_errors=True)  # a damaged checkpoint of this step, which the resumed run skipped
     staging.rename(final)
     for old in saved_checkpoints(run_dir)[:-keep]:
-        shutil.rmtree(old)
+        if old != protect:
+            shutil.rmtree(old)
     return final
 
 

@@ -133,16 +133,17 @@ def end_of_step(session: Session, state: TrainState, step: int, finite: bool, gr
                 evaluated = resources.evaluator(step)
         except GenerationUnavailable as error:
             raise saved_and_stopped(error, session, state) from error
-    first = t.logging_first_step and step == 1
-    if step % t.logging_steps == 0 or step == session.run.max_steps or evaluated or first:
+    last, logged = step == session.run.max_steps, {}
+    if step % t.logging_steps == 0 or last or evaluated or (t.logging_first_step and step == 1):
         logged = summarise(window, step, t.gradient_accumulation_steps, session.optimization.learning_rate)
-        logged |= token_counts(state.num_tokens, session.started)
+        logged |= token_counts(state.num_tokens, session.started) | evaluated
         window.clear()
-        resources.hooks.on_log(run=session.run, step=step, metrics=logged | evaluated)
+        resources.hooks.on_log(run=session.run, step=step, metrics=logged)
     if t.torch_empty_cache_steps and step % t.torch_empty_cache_steps == 0:
         clear_device_cache()  # the caching allocator's free blocks back to the device (nothing on a CPU)
     stopping = stop.reason is not None  # read once: a signal that comes later stops the run after the next step
-    if (t.save_steps and step % t.save_steps == 0) or step == session.run.max_steps or stopping:
-        save_step(session, state, weights_only=t.save_only_model and not stopping)  # a stopping run saves it all
+    planned = (t.save_steps and step % t.save_steps == 0) or last
+    if planned or stopping:  # a stopping run saves it all; a planned save competes for the best checkpoint
+        save_step(session, state, weights_only=t.save_only_model and not stopping, metrics=logged if planned else None)
     stop.raise_if_non_finite(step)  # after saving the checkpoint to resume from
     return stopping

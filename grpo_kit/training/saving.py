@@ -5,6 +5,7 @@ import logging
 
 from grpo_kit.contract.errors import GenerationUnavailable
 from grpo_kit.model.sharding import ACCELERATE_STATE, state_is_sharded
+from grpo_kit.outputs.best_checkpoint import BestCheckpoint, best_checkpoint, write_best
 from grpo_kit.outputs.checkpoints import (
     CHECKPOINTS,
     load_checkpoint,
@@ -19,9 +20,10 @@ from grpo_kit.training.staleness import push_weights
 log = logging.getLogger(__name__)
 
 
-def save_step(session, state, weights_only: bool = False) -> None:
+def save_step(session, state, weights_only: bool = False, metrics: dict | None = None) -> None:
     """A checkpoint of `state.step`, written by every process together: the whole TrainState, or the model's
-    weights only."""
+    weights only. `metrics`, logged at this step, judge it against the best checkpoint (None: a save the plan did
+    not make, which leaves the best as it is)."""
     accelerator, run_dir = session.accelerator, session.run_dir
     if weights_only:
         model = session.optimization.model
@@ -37,9 +39,16 @@ def save_step(session, state, weights_only: bool = False) -> None:
             accelerator.save_state(parts)
             accelerator.wait_for_everyone()
         write = functools.partial(write_state, state=checkpoint_state, parts=parts)
+    best = BestCheckpoint.of(session.cfg.trainer)
     if accelerator.is_main_process:
-        save_checkpoint(run_dir, state.step, write, keep=session.cfg.trainer.save_total_limit)
+        checkpoints = run_dir / CHECKPOINTS
+        protect, record = best.judge(checkpoints, state.step, metrics) if best else (None, None)
+        save_checkpoint(run_dir, state.step, write, keep=session.cfg.trainer.save_total_limit, protect=protect)
+        if record is not None:  # once the checkpoint is whole
+            write_best(checkpoints, record)
     accelerator.wait_for_everyone()
+    if best is not None:
+        best.check_logged(state.step, metrics)
 
 
 def resume(session, state, checkpoint) -> None:
@@ -57,8 +66,11 @@ def resume(session, state, checkpoint) -> None:
 
 
 def save_model(session) -> None:
-    """The trained model and its tokenizer (or processor) in RUN_DIR/model."""
+    """The trained model and its tokenizer (or processor) in RUN_DIR/model: with trainer.load_best_model_at_end, the
+    best checkpoint's weights."""
     model, accelerator, directory = session.optimization.model, session.accelerator, session.run_dir / "model"
+    if session.cfg.trainer.load_best_model_at_end:
+        load_best_weights(session)
     weights = accelerator.get_state_dict(model)  # every process: FSDP and ZeRO-3 gather the whole weights
     if accelerator.is_main_process:
         accelerator.unwrap_model(model).save_pretrained(directory, state_dict=weights)
@@ -69,6 +81,22 @@ def save_model(session) -> None:
             directory.resolve(),
         )
         session.resources.hooks.on_save(run=session.run, directory=directory)
+
+
+def load_best_weights(session) -> None:
+    """The best checkpoint's weights into the model, on every process, read as a resume reads them."""
+    best = best_checkpoint(session.run_dir / CHECKPOINTS)
+    if best is None:
+        log.warning(
+            "trainer.load_best_model_at_end: no checkpoint logged a finite %s, so model/ holds the last step's weights",
+            session.cfg.trainer.metric_for_best_model,
+        )
+        return
+    if state_is_sharded(session.accelerator):
+        session.accelerator.load_state(best / ACCELERATE_STATE)
+    else:
+        session.optimization.model.load_state_dict(load_checkpoint(best)["model"])
+    log.info("trainer.load_best_model_at_end: model/ holds the weights of %s, the best checkpoint", best.name)
 
 
 def saved_and_stopped(error: GenerationUnavailable, session, state) -> GenerationUnavailable:
