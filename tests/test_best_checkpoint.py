@@ -132,3 +132,16 @@ def test_a_metric_never_logged_stops_after_saving(peaking_registry, tiny_model, 
     with pytest.raises(ConfigError, match="eval/rewrd was not logged at step 2.*eval/reward"):
         grpo_kit.train(cfg, tmp_path / "run", peaking_registry)
     assert (tmp_path / "run" / "checkpoints" / "step-000002").exists()  # the step's work is kept
+
+
+def test_a_resumed_run_compares_with_the_best_before_it(peaking_registry, tiny_model, tmp_path):
+    """Stopped after the peak and resumed: the later, worse checkpoints do not replace the peak's."""
+    settings = ["trainer.save_total_limit=1", "trainer.metric_for_best_model=eval/reward"]
+    settings += ["trainer.lr_scheduler_type=constant"]  # a constant schedule lets a resumed run be longer
+    first = grpo_kit.compose(overrides(tiny_model, *settings, "trainer.max_steps=4"), peaking_registry)
+    run_dir = grpo_kit.train(first, tmp_path / "run", peaking_registry)
+    resumed = overrides(tiny_model, *settings, "trainer.resume=auto")
+    grpo_kit.train(grpo_kit.compose(resumed, peaking_registry), run_dir, peaking_registry)
+    checkpoints = run_dir / "checkpoints"
+    assert json.loads((checkpoints / "best.json").read_text())["step"] == PEAK
+    assert sorted(path.name for path in checkpoints.glob("step-*")) == [f"step-{PEAK:06d}", "step-000008"]
