@@ -24,6 +24,7 @@ log = logging.getLogger(__name__)
 FLOAT32_MAX = 3.4028234663852886e38  # torch.finfo(torch.float32).max, without importing torch to compose
 MIXED_PRECISIONS = ("no", "bf16", "fp16", "auto")
 GRADIENT_CHECKPOINTING = (True, False, "auto")
+HUB_STRATEGIES = ("end", "every_save", "checkpoint")  # transformers' HubStrategy values, less all_checkpoints
 
 
 def check_compatibility(cfg: DictConfig, registry: Registry) -> None:
@@ -31,6 +32,7 @@ def check_compatibility(cfg: DictConfig, registry: Registry) -> None:
     check_generation(cfg.generation)
     check_training_length(cfg.trainer)
     check_housekeeping(cfg.trainer)
+    check_hub(cfg.trainer)
     loss = registry.get("loss", cfg.loss.name).traits
     level = registry.get("importance_sampling", cfg.importance_sampling.name).traits["level"]
     correction_level = registry.get("rollout_correction", cfg.rollout_correction.name).traits["level"]
@@ -124,6 +126,27 @@ def check_housekeeping(trainer: DictConfig) -> None:
     if trainer.torch_empty_cache_steps is not None and trainer.torch_empty_cache_steps < 1:
         raise ConfigError(
             f"trainer.torch_empty_cache_steps={trainer.torch_empty_cache_steps} must be at least 1 (or null: never)."
+        )
+
+
+def check_hub(trainer: DictConfig) -> None:
+    """trainer.hub_strategy takes transformers' values but all_checkpoints, and a push ends with the final model."""
+    if trainer.hub_strategy not in HUB_STRATEGIES:
+        refused = (
+            " all_checkpoints is refused: each checkpoint holds the whole training state (the optimizer's too), "
+            "several times the model's size, and the repo's history already keeps every pushed model."
+            if trainer.hub_strategy == "all_checkpoints"
+            else ""
+        )
+        raise ConfigError(
+            f"trainer.hub_strategy={trainer.hub_strategy!r}: the accepted values are end (the final model only), "
+            "every_save (the model at each checkpoint and at the end) and checkpoint (every_save, and the latest "
+            f"checkpoint in last-checkpoint/ to resume from).{refused}"
+        )
+    if trainer.push_to_hub and not trainer.save_model:
+        raise ConfigError(
+            "trainer.push_to_hub=true ends by pushing the final model, which trainer.save_model=false does not "
+            "save: set trainer.save_model=true, or trainer.push_to_hub=false."
         )
 
 

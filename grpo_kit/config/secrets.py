@@ -12,6 +12,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
+from grpo_kit.config.schema import RunConfig
 from grpo_kit.contract.secrets import is_secret
 from grpo_kit.plugins.registry import Registry
 
@@ -96,8 +97,9 @@ def redact_sweep_record(path: Path, paths: set[str]) -> None:
 
 
 def literal_secrets(overrides: list[str], registry: Registry) -> set[str]:
-    """The values of the command line's overrides that name an installed plugin's secret option literally (not as
-    an interpolation): known before Hydra composes the run, and logs it."""
+    """The values of the command line's overrides that name a secret option of the core (trainer.hub_token) or of an
+    installed plugin literally (not as an interpolation): known before Hydra composes the run, and logs it."""
+    core = declared_secret_paths(RunConfig)
     names = {
         field.name
         for kind in registry.kinds()
@@ -110,9 +112,21 @@ def literal_secrets(overrides: list[str], registry: Registry) -> set[str]:
     for override in overrides:
         key, _, value = override.partition("=")
         value = value.strip("'\"")
-        if key.rsplit(".", 1)[-1] in names and value and not _is_interpolation(value):
+        known = key.lstrip("+~") in core or key.rsplit(".", 1)[-1] in names
+        if known and value and not _is_interpolation(value):
             values.add(value)
     return values
+
+
+def declared_secret_paths(kind: type, prefix: str = "") -> set[str]:
+    """The dotted keys of the secret options a config dataclass declares, in it and in the dataclasses it nests."""
+    paths = set()
+    for field in dataclasses.fields(kind):
+        if is_secret(field):
+            paths.add(f"{prefix}{field.name}")
+        elif isinstance(field.type, type) and dataclasses.is_dataclass(field.type):
+            paths |= declared_secret_paths(field.type, f"{prefix}{field.name}.")
+    return paths
 
 
 def redact_logs(values: set[str]) -> None:

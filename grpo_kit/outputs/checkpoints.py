@@ -393,6 +393,14 @@ RESUMABLE_CHANGES = {
     "model.passes_by_length",
     "model.cpu_chunked_attention",
     "model.pad_to_multiple_of",
+    # Where the run is pushed to (docs/hub.md): the Hub's copy, not the training
+    "trainer.push_to_hub",
+    "trainer.hub_model_id",
+    "trainer.hub_strategy",
+    "trainer.hub_private_repo",
+    "trainer.hub_token",
+    "trainer.hub_revision",
+    "trainer.hub_always_push",
 }
 
 

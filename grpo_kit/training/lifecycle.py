@@ -10,6 +10,7 @@ from typing import Any
 
 from grpo_kit.outputs.checkpoints import resume_command
 from grpo_kit.outputs.completion_tables import CompletionTables
+from grpo_kit.outputs.hub import HubPush
 from grpo_kit.outputs.loggers import ConsoleLogger
 from grpo_kit.outputs.samples import SampleLog
 from grpo_kit.report.collect import load_run
@@ -100,6 +101,7 @@ class Resources:
     generation: Any = None  # the generation backend, once started
     evaluator: Evaluator | None = None  # eval sets, when configured
     samples: SampleLog | None = None  # samples.jsonl and samples.html, on the main process
+    hub: HubPush | None = None  # trainer.push_to_hub, on the main process: its uploads are waited for at the end
     completion_tables: CompletionTables | None = None  # trainer.log_completions, on every process
 
     @property
@@ -128,6 +130,8 @@ class Resources:
         self.stop.restore()
         self.console.close()
         self.scorer.close()
+        if self.hub is not None:
+            self.hub.close()
         for plugin in self.plugins:
             if self.plugin_manager.is_registered(plugin):
                 self.plugin_manager.unregister(plugin)

@@ -3,6 +3,7 @@
 import functools
 import logging
 
+from grpo_kit.contract.distributed import weights_are_sharded
 from grpo_kit.contract.errors import GenerationUnavailable
 from grpo_kit.model.sharding import ACCELERATE_STATE, state_is_sharded
 from grpo_kit.outputs.best_checkpoint import BestCheckpoint, best_checkpoint, write_best
@@ -49,6 +50,26 @@ def save_step(session, state, weights_only: bool = False, metrics: dict | None =
     accelerator.wait_for_everyone()
     if best is not None:
         best.check_logged(state.step, metrics)
+    push_step(session, state)
+
+
+def push_step(session, state) -> None:
+    """The model of `state.step` (with hub_strategy=checkpoint its checkpoint too) pushed to the Hub in the background
+    by the main process, as trainer.hub_strategy says. Not the last step's: the final model's push follows it."""
+    t, accelerator, model = session.cfg.trainer, session.accelerator, session.optimization.model
+    if not t.push_to_hub or t.hub_strategy == "end" or state.step == session.run.max_steps:
+        return
+    if not (accelerator.is_main_process or weights_are_sharded(accelerator)):
+        return
+    weights = accelerator.get_state_dict(model)  # FSDP and ZeRO-3 gather the whole weights with every process
+    if session.resources.hub is None:  # a process that only helped gather them
+        return
+
+    def write(directory) -> None:
+        accelerator.unwrap_model(model).save_pretrained(directory, state_dict=weights)
+        saved_processor(session).save_pretrained(directory)
+
+    session.resources.hub.push_save(state.step, write)
 
 
 def resume(session, state, checkpoint) -> None:
@@ -81,6 +102,8 @@ def save_model(session) -> None:
             directory.resolve(),
         )
         session.resources.hooks.on_save(run=session.run, directory=directory)
+        if session.resources.hub is not None:
+            session.resources.hub.push_final(directory)
 
 
 def load_best_weights(session) -> None:

@@ -44,6 +44,7 @@ from grpo_kit.objective.sampler_correction import SamplerCorrection
 from grpo_kit.objective.shadows import build_shadows
 from grpo_kit.outputs.checkpoints import claim_run_directory
 from grpo_kit.outputs.completion_tables import CompletionTables
+from grpo_kit.outputs.hub import HubPush, open_hub
 from grpo_kit.outputs.loggers import ConsoleLogger, JsonlLogger
 from grpo_kit.outputs.plugin_lock import record_session
 from grpo_kit.outputs.samples import SampleLog
@@ -136,7 +137,7 @@ def setup(cfg: DictConfig, run_dir: Path, registry: Registry) -> tuple[Session, 
     if cfg.trainer.resume and checkpoint is None:
         log.info("No checkpoint in %s: starting from step 0", run_dir)
     plugins = build_plugins(cfg, registry)
-    trackers = check_trackers(list(cfg.trainer.report_to))
+    trackers, hub = check_trackers(list(cfg.trainer.report_to)), open_hub(cfg, run_dir)  # the Hub before the model
     accelerator = build_accelerator(cfg.trainer, run_dir, trackers)
     check_moving_reference(accelerator, cfg)
     check_recording(cfg, accelerator.num_processes)
@@ -159,7 +160,7 @@ def setup(cfg: DictConfig, run_dir: Path, registry: Registry) -> tuple[Session, 
         policy.model,
         accelerator,
     )
-    resources = build_resources(cfg, registry, plugins, plan, accelerator, trackers, len(prompts.train))
+    resources = build_resources(cfg, registry, plugins, plan, accelerator, trackers, len(prompts.train), hub)
     try:
         plugins.generation.start(policy.model, policy.tokenizer, accelerator)
         # The backend as the trainer sees it, from here on closed however the run ends: itself, or with
@@ -307,8 +308,10 @@ def build_resources(
     accelerator: Accelerator,
     trackers: list[str],
     num_prompts: int,
+    hub: HubPush | None = None,
 ) -> Resources:
-    """The loggers, hooks, reward workers and signal handling of the run, to be closed however it ends."""
+    """The loggers, hooks, reward workers, signal handling and pushes to the Hub of the run, to be closed however it
+    ends."""
     t = cfg.trainer
     trainer_state = reward_trainer_state(  # the trainer_state rewards receive, as TRL hands its own
         plan.max_steps,
@@ -330,6 +333,7 @@ def build_resources(
         console,
         Scorer(plugins.rewards, timeout=t.reward_timeout, workers=t.reward_workers, trainer_state=trainer_state),
         StopRequest(),
+        hub=hub,
         completion_tables=tables,
     )
 
