@@ -23,6 +23,7 @@ from grpo_kit.testing.hub import HubStandIn
 TOKEN = "hf_standin_0123456789abcdef"  # a literal token, to be found in no file of the run
 USER = "alice"
 CONSTANT = "trainer.lr_scheduler_type=constant"  # a run that may be lengthened when it is resumed
+PRIVATE = "trainer.hub_private_repo=true"
 
 
 @pytest.fixture
@@ -86,6 +87,7 @@ def test_a_run_pushes_its_model_and_a_model_card(hub, registry, tiny_model, tmp_
     reward = yaml.safe_load(final)["reward"]
     assert "Final metrics (step 2)" in card and f"| reward | {reward:.6g} |" in card
     assert hub.repos[f"{USER}/grpo-tiny"].commits[-1] == "End of training"
+    assert not hub.repos[f"{USER}/grpo-tiny"].private, "hub_private_repo=null leaves it to the Hub (public)"
     assert not (run_dir / ".hub-uploads").exists(), "a pushed folder is removed once pushed"
     written = [path for path in run_dir.rglob("*") if path.is_file()]
     holding = [str(path) for path in written if TOKEN.encode() in path.read_bytes()]
@@ -98,11 +100,12 @@ def test_a_run_pushes_its_model_and_a_model_card(hub, registry, tiny_model, tmp_
 def test_the_checkpoint_strategy_pushes_the_latest_checkpoint(hub, registry, tiny_model, tmp_path):
     run_dir = train(
         registry,
-        pushing(tiny_model, CONSTANT, "trainer.hub_strategy=checkpoint", "trainer.hub_revision=dev"),
+        pushing(tiny_model, CONSTANT, "trainer.hub_strategy=checkpoint", "trainer.hub_revision=dev", PRIVATE),
         tmp_path / "run",
     )
     repo = hub.repos[f"{USER}/grpo-tiny"]
     assert repo.commits == ["Training in progress, step 1", "End of training"]  # step 2 is the end's push
+    assert repo.private
     files = hub.files(f"{USER}/grpo-tiny", "dev")
     assert hub.files(f"{USER}/grpo-tiny", "main") == {}, "hub_revision's branch takes the pushes"
     checkpoint = run_dir / "checkpoints" / "step-000002"
@@ -131,6 +134,11 @@ def test_an_unknown_strategy_is_refused_by_name(registry, strategy):
     with pytest.raises(ConfigError, match="the accepted values are end .* every_save .* checkpoint") as refused:
         grpo_kit.compose(["+reward=digits", f"trainer.hub_strategy={strategy}"], registry)
     assert ("whole training state" in str(refused.value)) == (strategy == "all_checkpoints")
+
+
+def test_a_push_without_a_final_model_is_refused(registry):
+    with pytest.raises(ConfigError, match="trainer.save_model=false does not save"):
+        grpo_kit.compose(["+reward=digits", "trainer.push_to_hub=true", "trainer.save_model=false"], registry)
 
 
 def test_without_a_token_the_run_stops_before_training_and_says_how_to_log_in(hub, registry, tiny_model, tmp_path):

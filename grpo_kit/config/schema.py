@@ -211,8 +211,9 @@ class TrainerConfig:
     hub_strategy: str = "every_save"  # end, every_save or checkpoint (TRL's meanings)
     hub_private_repo: bool | None = None  # None: the Hub's default
     hub_token: str | None = secret()  # None: huggingface_hub's own login (HF_TOKEN, `hf auth login`)
-    hub_revision: str | None = None  # the branch pushed to; None: main
-    hub_always_push: bool = False  # push each save even while the previous push is still uploading
+    hub_revision: str | None = None  # the branch pushed to, created from main if missing; None: main
+    # Push each save even while the previous push is still uploading (otherwise that save is not pushed)
+    hub_always_push: bool = False
 
 
 @dataclass
