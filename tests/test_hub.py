@@ -16,7 +16,7 @@ from safetensors.torch import load_file
 
 import grpo_kit
 from grpo_kit.contract.errors import ConfigError
-from grpo_kit.outputs.hub import HubError
+from grpo_kit.outputs.hub import HubError, model_card
 from grpo_kit.testing import tiny_run
 from grpo_kit.testing.hub import HubStandIn
 
@@ -127,6 +127,15 @@ def test_the_checkpoint_strategy_pushes_the_latest_checkpoint(hub, registry, tin
 def test_the_end_strategy_pushes_once(hub, registry, tiny_model, tmp_path):
     train(registry, pushing(tiny_model, "trainer.hub_strategy=end"), tmp_path / "run")
     assert hub.repos[f"{USER}/grpo-tiny"].commits == ["End of training"]
+
+
+def test_the_card_names_a_hub_model_and_dataset_in_its_metadata(registry, tmp_path):
+    overrides = ["+reward=digits", "model.name_or_path=Qwen/Qwen2.5-0.5B-Instruct", "data.path=openai/gsm8k"]
+    card = model_card(grpo_kit.compose([*overrides, "data.name=main"], registry), tmp_path, "me/qwen", final=False)
+    metadata = yaml.safe_load(card.split("---\n")[1])
+    assert metadata["base_model"] == "Qwen/Qwen2.5-0.5B-Instruct" and metadata["datasets"] == ["openai/gsm8k"]
+    assert "| dataset | `openai/gsm8k` (main) |" in card and "Training is under way" in card
+    assert "No metrics were logged yet." in card
 
 
 @pytest.mark.parametrize("strategy", ["all_checkpoints", "sometimes"])

@@ -1,10 +1,11 @@
 """Pushing a run to the Hugging Face Hub (`trainer.push_to_hub`, docs/hub.md), through huggingface_hub's own API.
 
-`open_hub` checks the login and creates the repo (and `hub_revision`'s branch) before the model is loaded, so a run
-that could never push is refused at once instead of after hours of training. Each push is one commit of a folder
-prepared under RUN_DIR/.hub-uploads/: the model's files, a model card (README.md) and the run's redacted config,
-and with `hub_strategy=checkpoint` the latest checkpoint as last-checkpoint/. A checkpoint's files are hard links
-where the disk allows, so `save_total_limit` may delete the checkpoint while its push is still under way.
+`open_hub` checks that a token is at hand and creates the repo (and `hub_revision`'s branch) before the model is
+loaded, so that a run that could never push is refused at once instead of after hours of training. Each push is
+one commit of a folder prepared under RUN_DIR/.hub-uploads/: the model's files, a model card (README.md) and the
+run's redacted config, and with `hub_strategy=checkpoint` the latest checkpoint as last-checkpoint/. A
+checkpoint's files are hard links where the disk allows, so `save_total_limit` may delete the checkpoint while its
+push is still under way.
 
 Pushes of saves run in huggingface_hub's background thread (`run_as_future`), so training never waits on the
 network; as in transformers, a save that comes while the previous push is still uploading is not pushed unless
@@ -22,7 +23,7 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from pathlib import Path
 
-from huggingface_hub import HfApi, ModelCardData
+from huggingface_hub import HfApi, ModelCardData, get_token
 from huggingface_hub.errors import HfHubHTTPError, HFValidationError, LocalTokenNotFoundError, OfflineModeIsEnabled
 from omegaconf import DictConfig
 
@@ -51,13 +52,15 @@ def open_hub(cfg: DictConfig, run_dir: Path) -> "HubPush | None":
     api = HfApi(library_name="grpo_kit")
     name = t.hub_model_id or Path(run_dir).resolve().name  # transformers' default: the output folder's name
     try:
-        user = api.whoami(token=t.hub_token)["name"]
+        # Said before any request, and not asked of /whoami-v2, which the Hub rate-limits strictly (a sweep's runs)
+        if t.hub_token is None and get_token() is None:
+            raise LocalTokenNotFoundError("no token")
         repo_id = api.create_repo(name, token=t.hub_token, private=t.hub_private_repo, exist_ok=True).repo_id
         if t.hub_revision is not None:
             api.create_branch(repo_id, branch=t.hub_revision, token=t.hub_token, exist_ok=True)
     except Exception as error:
         raise HubError(explained(error, name, api.endpoint)) from error
-    log.info("Pushing to %s/%s as %s (trainer.hub_strategy=%s)", api.endpoint, repo_id, user, t.hub_strategy)
+    log.info("Pushing to %s/%s (trainer.hub_strategy=%s)", api.endpoint, repo_id, t.hub_strategy)
     return HubPush(api, repo_id, cfg, Path(run_dir))
 
 
@@ -238,8 +241,9 @@ def model_card(cfg: DictConfig, run_dir: Path, repo_id: str, final: bool) -> str
         ("completions per prompt", str(cfg.generation.num_generations)),
     ]
     metrics = last_metrics(run_dir)
-    step = metrics.pop("step", "?")
+    step = metrics.pop("step", None)
     numbers = {name: value for name, value in metrics.items() if isinstance(value, (int, float))}
+    at = f" (step {step})" if step is not None else ""
     lines = [
         f"---\n{metadata.to_yaml()}\n---",
         "",
@@ -247,7 +251,7 @@ def model_card(cfg: DictConfig, run_dir: Path, repo_id: str, final: bool) -> str
         "",
         "This model was trained by reinforcement learning with grpo_kit, a toolkit for GRPO-family methods whose "
         "losses, advantages and rewards are plugins. "
-        + ("Training has finished." if final else f"Training is under way: this is the model at step {step}."),
+        + ("Training has finished." if final else f"Training is under way: this is the model as it was{at}."),
         "",
         "## How it was trained",
         "",
@@ -257,10 +261,9 @@ def model_card(cfg: DictConfig, run_dir: Path, repo_id: str, final: bool) -> str
         "",
         f"The run's whole configuration is in [{CONFIG}]({CONFIG}), secrets removed.",
         "",
-        f"## {'Final metrics' if final else 'Metrics'} (step {step})",
+        f"## {'Final metrics' if final else 'Metrics'}{at}",
         "",
-        "| metric | value |",
-        "|---|---|",
+        *(["| metric | value |", "|---|---|"] if numbers else ["No metrics were logged yet."]),
         *(f"| {name} | {value:.6g} |" for name, value in numbers.items()),
     ]
     return "\n".join(lines) + "\n"
