@@ -85,6 +85,7 @@ def check_compatibility(cfg: DictConfig, registry: Registry) -> None:
     check_best_checkpoint(cfg.trainer, cfg.eval)
     check_instruments(cfg, registry, corrected)
     check_sampler(cfg, registry)
+    check_structured_outputs(cfg, registry)
 
 
 def check_algorithm(cfg: DictConfig) -> None:
@@ -164,6 +165,28 @@ def check_sampler(cfg: DictConfig, registry: Registry) -> None:
         raise ConfigError(
             f"rollout_files.replay trains on saved batches, so sampler={sampler} would draw nothing: leave the "
             "sampler out of a replayed run."
+        )
+
+
+def check_structured_outputs(cfg: DictConfig, registry: Registry) -> None:
+    """generation.structured_outputs_regex constrains what the backend samples: a backend that cannot would train on
+    completions the regex forbids, and a custom rollout samples without the backend's settings."""
+    regex = cfg.generation.structured_outputs_regex
+    if regex is None:
+        return
+    if cfg.rollout is not None:
+        raise ConfigError(
+            f"generation.structured_outputs_regex={regex!r} constrains the generation backend's sampling, but "
+            f"+rollout={cfg.rollout.name} generates the completions itself: constrain them in the rollout, or drop "
+            "generation.structured_outputs_regex."
+        )
+    if not registry.get("generation", cfg.generation.name).traits["structured_outputs"]:
+        able = [plugin.name for plugin in registry.plugins("generation") if plugin.traits["structured_outputs"]]
+        raise ConfigError(
+            f"generation.structured_outputs_regex={regex!r}: generation={cfg.generation.name} cannot keep its samples "
+            "within a regular expression (it does not declare structured_outputs), so it would train on completions "
+            f"the regex forbids. Use {' or '.join(f'generation={name}' for name in able) or 'a backend that can'} "
+            "(vLLM's structured outputs), or drop generation.structured_outputs_regex."
         )
 
 

@@ -190,7 +190,7 @@ class GenerationConfig:
     # algorithm.steps_per_generation. None: per_device_train_batch_size x processes x steps_per_generation.
     batch_size: int | None = None
     # Every completion must match this regular expression (TRL's vllm_structured_outputs_regex): vLLM's structured
-    # outputs; a backend that cannot constrain its sampling refuses it. None: unconstrained.
+    # outputs; a backend that does not declare `structured_outputs` refuses it. None: unconstrained.
     structured_outputs_regex: str | None = None
 
 
@@ -263,6 +263,9 @@ class Generation(Protocol):
     # True: `generate` takes `images` (a vision-language policy's prompts); a run with images refuses a backend that
     # does not declare it. `grpo_kit.testing.contracts.GenerationContract` checks that the images reach the sampler.
     accepts_images: ClassVar[bool] = False
+    # True: its sampler keeps every completion within generation.structured_outputs_regex; a run that sets the regex
+    # refuses a backend that does not declare it, rather than train on completions the regex would have forbidden.
+    structured_outputs: ClassVar[bool] = False
 
     def __init__(self) -> None: ...
 
@@ -433,7 +436,7 @@ TRAITS = {
     "importance_sampling": ("level",),
     "rollout_correction": ("level",),
     "advantage": ("needs_groups",),
-    "generation": ("samples_from_policy",),
+    "generation": ("samples_from_policy", "structured_outputs"),
     "sampler": ("uses_rewards",),
 }
 

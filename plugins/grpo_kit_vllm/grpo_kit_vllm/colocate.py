@@ -99,7 +99,7 @@ class VLLMColocateGeneration:
         self._wake("weights", "kv_cache")
         outputs = self.llm.generate(
             [self._engine_prompt(ids, prompt_images) for prompts in every for ids, prompt_images in prompts],
-            self.vllm.SamplingParams(n=1, **fields),
+            self.vllm.SamplingParams(n=1, **engine_fields(fields)),
             use_tqdm=False,
         )
         if self.config.sleep_level:
@@ -183,3 +183,14 @@ def broadcast_weights(weights: dict, accelerator) -> dict:
         torch.distributed.broadcast(tensor, src=0)
         received[name] = tensor
     return received
+
+
+def engine_fields(fields: dict) -> dict:
+    """`fields` as vllm.SamplingParams takes them: structured outputs as its StructuredOutputsParams, which the
+    engine reads by attribute, where a server's request parser builds it from the JSON object itself."""
+    structured = fields.get("structured_outputs")
+    if not isinstance(structured, dict):
+        return fields
+    from vllm.sampling_params import StructuredOutputsParams  # vLLM is there: the engine runs
+
+    return fields | {"structured_outputs": StructuredOutputsParams(**structured)}

@@ -76,6 +76,10 @@ def sampling_fields(config: GenerationConfig, eos_token_ids: list[int], with_log
     }
     if with_logprobs:
         fields["logprobs"] = 0  # the sampled token's log-prob only
+    if config.structured_outputs_regex is not None:
+        # vLLM 0.33's field, in /v1/completions, the tokens route's sampling_params and SamplingParams alike:
+        # StructuredOutputsParams, of which `regex` is one kind of constraint.
+        fields["structured_outputs"] = {"regex": config.structured_outputs_regex}
     return fields
 
 

@@ -11,5 +11,13 @@ from grpo_kit_vllm.config import VLLMColocateConfig, VLLMServerConfig
 
 @grpo_kit.hookimpl
 def register_generations(register):
-    register("vllm_server", "grpo_kit_vllm.server_generation:VLLMServerGeneration", VLLMServerConfig)
-    register("vllm_colocate", "grpo_kit_vllm.colocate:VLLMColocateGeneration", VLLMColocateConfig)
+    # vLLM constrains its sampling to generation.structured_outputs_regex itself (its structured outputs).
+    register(
+        "vllm_server",
+        "grpo_kit_vllm.server_generation:VLLMServerGeneration",
+        VLLMServerConfig,
+        structured_outputs=True,
+    )
+    register(
+        "vllm_colocate", "grpo_kit_vllm.colocate:VLLMColocateGeneration", VLLMColocateConfig, structured_outputs=True
+    )

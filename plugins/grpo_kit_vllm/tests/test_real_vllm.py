@@ -11,6 +11,7 @@ environment the suite skips, or fails in CI (CI=true), with the reason.
 
 import json
 import os
+import re
 import signal
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -323,6 +324,30 @@ def test_a_completion_asked_while_the_real_server_is_paused_waits_for_resume(rea
         assert asked.result(timeout=60).completion_ids.shape[0] == 1
     finally:
         generation.close()
+
+
+def test_the_real_server_keeps_completions_within_the_regex_the_client_sends(real, model_dir):
+    """generation.structured_outputs_regex in vLLM's own `structured_outputs` field: the real server honours it
+    (xgrammar by default), as the test server does (test_server_mode.py)."""
+    model = AutoModelForCausalLM.from_pretrained(model_dir)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    pattern = "[13579]{2,4}"
+    generation = started(
+        model,
+        model_dir,
+        base_url=real.url,
+        num_generations=8,
+        max_completion_length=6,
+        structured_outputs_regex=pattern,
+    )
+    try:
+        completions = generation.generate([PROMPTS[0]] * 8 + [PROMPTS[1]] * 8)
+    finally:
+        generation.close()
+    for ids, mask in zip(completions.completion_ids, completions.completion_mask):
+        tokens = ids[mask.bool()].tolist()
+        assert tokens[-1] == tokenizer.eos_token_id, "the pattern ends within max_completion_length: EOS ends it"
+        assert re.fullmatch(pattern, tokenizer.decode(tokens[:-1])), tokenizer.decode(tokens)
 
 
 def test_the_gloo_engine_refuses_a_second_trainer_while_the_first_holds_the_transfer(real, model_dir):

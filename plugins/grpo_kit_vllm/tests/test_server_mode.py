@@ -291,6 +291,31 @@ def test_greedy_copies_and_more_prompts_than_a_request_takes_come_back_in_order(
     assert groups[-1, 0].tolist() == expected[0, len(prompts[-1]) :].tolist()[: len(groups[-1, 0])]
 
 
+def test_completions_asked_with_a_regex_match_it(model_dir, server):
+    """generation.structured_outputs_regex goes in vLLM's `structured_outputs` field: the test server keeps every
+    sample within it as vLLM does (and refuses a field it does not know how to honour)."""
+    model = AutoModelForCausalLM.from_pretrained(model_dir)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    pattern = "[13579]{2,4}"  # odd digits only, which the untrained model writes rarely
+    generation = started_generation(
+        model,
+        model_dir,
+        base_url=server.url,
+        num_generations=8,
+        max_completion_length=6,
+        structured_outputs_regex=pattern,
+    )
+    try:
+        completions = generation.generate([[3, 12, 4, 15]] * 8 + [[5, 6, 12, 7, 15]] * 8, with_logprobs=True)
+    finally:
+        generation.close()
+    for ids, mask in zip(completions.completion_ids, completions.completion_mask):
+        tokens = ids[mask.bool()].tolist()
+        assert tokens[-1] == tokenizer.eos_token_id, "the pattern ends within max_completion_length: EOS ends it"
+        assert re.fullmatch(pattern, tokenizer.decode(tokens[:-1])), tokenizer.decode(tokens)
+    assert torch.isfinite(completions.sampling_per_token_logps[completions.completion_mask.bool()]).all()
+
+
 def test_a_server_started_without_weight_transfer_is_refused_with_the_command_that_fixes_it(model_dir):
     model = AutoModelForCausalLM.from_pretrained(model_dir)
     url = f"http://127.0.0.1:{free_port()}"

@@ -56,6 +56,22 @@ def test_the_rules_accept_what_vllm_accepts():
     assert (request.temperature, request.max_tokens, request.n) == (protocol.MIN_TEMPERATURE, 16, 1)
 
 
+def test_structured_outputs_take_one_regex_and_refuse_what_this_server_cannot_honour():
+    def parse(structured):
+        return protocol.parse_completion({"prompt": PROMPTS, "structured_outputs": structured}, TINY, fake_tokenizer)
+
+    assert parse({"regex": "[0-9]+"}).regex == "[0-9]+"
+    assert parse(None).regex is None
+    for structured, message in (
+        ({"choice": ["1", "2"]}, "other than one `regex` is not supported"),
+        ({"regex": "[0-9]+", "json": {}}, "other than one `regex` is not supported"),
+        ({"regex": "[0-9"}, "Invalid regex in structured_outputs"),
+    ):
+        with pytest.raises(protocol.RequestError, match=message) as refused:
+            parse(structured)
+        assert refused.value.status == HTTPStatus.BAD_REQUEST and refused.value.param == "structured_outputs"
+
+
 def test_an_error_has_vllms_shape():
     error = protocol.RequestError("Generation is paused.", HTTPStatus.SERVICE_UNAVAILABLE)
     assert json.loads(json.dumps(error.body())) == {

@@ -12,6 +12,7 @@ import threading
 from http import HTTPStatus
 
 import PIL.Image
+import regex
 import torch
 import transformers
 
@@ -207,8 +208,15 @@ class Worker:
             return_dict_in_generate=True,
             disable_compile=True,
         )
+        constraints = transformers.LogitsProcessorList()
+        if request.regex is not None:
+            constraints.append(RegexConstraint(request.regex, self.tokenizer, width, stop_ids))
         output = self.model.generate(
-            input_ids=input_ids, attention_mask=attention_mask, generation_config=config, **(vision or {})
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            generation_config=config,
+            logits_processor=constraints,
+            **(vision or {}),
         )
         generated = output.sequences[:, width:]
         if request.logprobs is not None:
@@ -296,3 +304,42 @@ def _step_logprobs(scores: tuple[torch.Tensor, ...], generated: torch.Tensor, to
         ranks.append((logprobs > chosen).sum(-1) + 1)
         top.append(logprobs.topk(min(top_k, logprobs.shape[-1])))
     return torch.stack(sampled, 1), torch.stack(ranks, 1), top
+
+
+class RegexConstraint(transformers.LogitsProcessor):
+    """vLLM's structured outputs with a regex, for this server's small vocabularies: each step, every token that
+    would take the completion's text off every match of the pattern is masked, and a stop token is allowed once the
+    text is a whole match (or nothing else is). transformers runs it before temperature, top-k and top-p, as vLLM
+    applies its grammar's bitmask before its sampler, so the log-probs returned are the constrained distribution's.
+
+    It decodes each candidate continuation whole (not token texts joined), so a tokenizer whose tokens decode
+    differently in context is matched right; that costs a decode per vocabulary entry per step.
+    """
+
+    def __init__(self, pattern: str, tokenizer, prompt_width: int, stop_ids: set[int]):
+        self.pattern = regex.compile(pattern)  # protocol.structured_regex has compiled it
+        self.tokenizer, self.prompt_width, self.stop_ids = tokenizer, prompt_width, stop_ids
+        self.special = set(tokenizer.all_special_ids) - stop_ids  # never text the pattern could match
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        allowed = torch.zeros_like(scores, dtype=torch.bool)  # (B, V)
+        for row, ids in enumerate(input_ids[:, self.prompt_width :].tolist()):
+            if any(token in self.stop_ids for token in ids):  # finished: transformers pads it, whatever is allowed
+                allowed[row] = True
+                continue
+            allowed[row] = self._allowed(ids, scores.shape[-1])
+        return scores.masked_fill(~allowed, -float("inf"))
+
+    def _allowed(self, ids: list[int], vocab: int) -> torch.Tensor:  # (V,)
+        allowed = torch.zeros(vocab, dtype=torch.bool)
+        written = self.tokenizer.decode(ids, skip_special_tokens=False)
+        for token in range(vocab):
+            if token in self.stop_ids or token in self.special:
+                continue
+            text = self.tokenizer.decode(ids + [token], skip_special_tokens=False)
+            # A token that writes nothing (an id past the tokenizer's, in a padded embedding) would never end.
+            allowed[token] = text != written and self.pattern.fullmatch(text, partial=True) is not None
+        whole = self.pattern.fullmatch(written) is not None
+        if whole or not allowed.any():
+            allowed[[token for token in self.stop_ids if token < vocab]] = True
+        return allowed

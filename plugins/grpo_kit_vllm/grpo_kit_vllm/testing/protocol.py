@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from http import HTTPStatus
 from typing import TypeVar
 
+import regex as re_module  # the engine's matcher (partial matches), so that a pattern it takes is one it can run
+
 DEFAULT_MAX_TOKENS = 16  # vLLM's CompletionRequest.max_tokens
 MAX_LOGPROBS = 20  # vLLM's --max-logprobs default
 GREEDY_TEMPERATURE = 1e-5  # vLLM samples greedily below this temperature
@@ -50,7 +52,6 @@ UNSUPPORTED_FIELDS = {
     "bad_words": ([],),
     "suffix": (),
     "prompt_embeds": (),
-    "structured_outputs": (),
     "response_format": (),
     "truncate_prompt_tokens": (),
 }
@@ -130,6 +131,7 @@ class CompletionRequest:
     return_token_ids: bool
     return_tokens_as_token_ids: bool
     return_weight_versions: bool
+    regex: str | None = None  # structured_outputs.regex: every completion matches it; None: unconstrained
 
     @property
     def greedy(self) -> bool:
@@ -241,7 +243,28 @@ def parse_completion(body: dict, model: ServedModel, tokenizer) -> CompletionReq
         return_token_ids=field(body, "return_token_ids", bool, False),
         return_tokens_as_token_ids=field(body, "return_tokens_as_token_ids", bool, False),
         return_weight_versions=field(body, "return_weight_versions", bool, False),
+        regex=structured_regex(body),
     )
+
+
+def structured_regex(body: dict) -> str | None:
+    """`structured_outputs` (vLLM's StructuredOutputsParams as JSON) of the one kind this server implements, a
+    regular expression; vLLM's other kinds (json, choice, grammar, ...) are refused as not implemented."""
+    structured = field(body, "structured_outputs", dict)
+    if structured is None:
+        return None
+    others = sorted(name for name, value in structured.items() if name != "regex" and value not in (None, False))
+    regex = structured.get("regex")
+    if others or not isinstance(regex, str):
+        raise RequestError(
+            "`structured_outputs` other than one `regex` is not supported by this CPU test server.",
+            param="structured_outputs",
+        )
+    try:
+        re_module.compile(regex)
+    except re_module.error as error:
+        raise RequestError(f"Invalid regex in structured_outputs: {error}.", param="structured_outputs") from None
+    return regex
 
 
 def _temperature(temperature: float) -> float:

@@ -20,6 +20,10 @@ distributed/weight_transfer/nccl_engine.py) except where this list says otherwis
   top-p, min-p), and the returned log-probs are vLLM's `--logprobs-mode processed_logprobs`: the log-softmax of
   the distribution actually sampled from. With `temperature` 0 decoding is greedy, as in vLLM. A `seed` seeds the
   whole request (vLLM seeds each sequence); either way it leaves the server's own random stream untouched.
+- Structured outputs: of vLLM's kinds, `structured_outputs: {"regex": ...}` alone (json, choice, grammar are
+  refused as not implemented), matched with the `regex` package's partial matches (engine.RegexConstraint) where
+  vLLM compiles the pattern into a grammar (xgrammar by default): a pattern the two dialects read differently may
+  constrain differently.
 - The request fields vLLM has and this server does not implement (stop strings, beam search, presence and
   frequency penalties, ...) are refused with a 400 when set; fields vLLM does not know are ignored, as vLLM does.
 - `/weight_checker` keys its SHA-256 digests by transformers' parameter names
