@@ -1,0 +1,117 @@
+"""The verifiers adapter on real verifiers episodes: a taskset's tasks as prompt rows and back, the rubric's scores
+as rewards, and the tool results of a multi-turn episode masked out of the completion."""
+
+import json
+import re
+
+import pytest
+import torch
+
+from grpo_kit.contract.errors import PluginError, RewardError
+from grpo_kit_verifiers.tasks import TASK_COLUMN, TASKSET_COLUMN, load_taskset, prompt_of, rows, task_of
+
+
+def played(embedded: str, taskset_id: str, count: int, **options):
+    """`count` tasks of the taskset played by the embedded model `embedded` through +rollout=verifiers."""
+    from accelerate import Accelerator
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from grpo_kit.embedded.sums import model_path
+    from grpo_kit.plugins.registry import Registry
+
+    directory = model_path(embedded)
+    model, tokenizer = AutoModelForCausalLM.from_pretrained(directory), AutoTokenizer.from_pretrained(directory)
+    registry = Registry()
+    generation = registry.build("generation", "transformers", {"max_completion_length": 24})
+    generation.start(model, tokenizer, Accelerator(cpu=True))
+    rollout = registry.build("rollout", "verifiers", {"max_completion_length": 40, **options})
+    prompts = rows(load_taskset(taskset_id), count)
+    torch.manual_seed(0)
+    try:
+        return prompts, rollout(prompts, tokenizer, generation), tokenizer
+    finally:
+        generation.close()
+
+
+@pytest.fixture(scope="module")
+def sums():
+    """Single-turn episodes, in the taskset's own harness."""
+    return played("sums", "grpo-kit-vf-sums", 16, harness="")
+
+
+@pytest.fixture(scope="module")
+def calculator():
+    """Multi-turn episodes in verifiers' built-in chat harness (`null`, a program per episode), its `add` tool an
+    MCP server: the embedded tool-use model calls it about three times in ten."""
+    return played("tool_use", "grpo-kit-vf-calculator", 6, harness="null")
+
+
+def test_each_task_becomes_a_prompt_row_that_gives_the_task_back():
+    taskset = load_taskset("grpo-kit-vf-sums")
+    tasks, written = list(taskset.take(3)), rows(taskset, 3)
+    assert [row["prompt"] for row in written] == [task.data.prompt for task in tasks]  # text stays text
+    assert {row[TASKSET_COLUMN] for row in written} == {"grpo-kit-vf-sums"}
+    assert [task_of(taskset, row).data for row in written] == [task.data for task in tasks]  # answers included
+    chat = rows(load_taskset("grpo-kit-vf-calculator"), 1)[0]
+    assert chat["prompt"] == [{"role": "user", "content": json.loads(chat[TASK_COLUMN])["prompt"][0]["content"]}]
+
+
+def test_a_system_prompt_opens_the_chat():
+    data = type(task_of(load_taskset("grpo-kit-vf-sums"), rows(load_taskset("grpo-kit-vf-sums"), 1)[0]).data)
+    opening = prompt_of(data(prompt="1+2=", system_prompt="Add.", answer="3"))
+    assert opening == [{"role": "system", "content": "Add."}, {"role": "user", "content": "1+2="}]
+
+
+def test_rows_without_verifiers_tasks_are_refused_with_the_command_that_writes_them():
+    from grpo_kit.plugins.registry import Registry
+
+    rollout = Registry().build("rollout", "verifiers", {"max_completion_length": 4})
+    with pytest.raises(PluginError, match="python -m grpo_kit_verifiers.tasks"):
+        rollout([{"prompt": "1+2=", "solution": "3"}], None, None)
+
+
+def test_the_rubric_scores_what_the_model_wrote(sums):
+    prompts, result, tokenizer = sums
+    replies = [tokenizer.decode(ids, skip_special_tokens=True) for ids in result.completion_ids]
+    answers = [json.loads(row[TASK_COLUMN])["answer"] for row in prompts]
+    expected = [float(reply == answer) for reply, answer in zip(replies, answers)]
+    assert [scores["correct"] for scores in result.columns["verifiers_scores"]] == expected
+    assert result.columns["verifiers_reward"] == expected  # one function of weight 1: the total is its score
+    assert 0 < sum(expected) < len(expected), "the embedded model should get some sums right and some wrong"
+    assert [tokenizer.decode(ids) for ids in result.prompt_ids] == [row["prompt"] for row in prompts]
+    assert all(mask == [1] * len(mask) for mask in result.env_mask)  # single turn: the model wrote every token
+
+
+def test_tool_results_are_in_the_completion_and_masked(calculator):
+    prompts, result, tokenizer = calculator
+    called = 0
+    for row, ids, mask, logprobs, turns in zip(
+        prompts, result.completion_ids, result.env_mask, result.logprobs, result.columns["verifiers_turns"]
+    ):
+        answer = json.loads(row[TASK_COLUMN])["answer"]
+        tool_text = tokenizer.decode([token for token, by_model in zip(ids, mask) if not by_model])
+        model_text = tokenizer.decode([token for token, by_model in zip(ids, mask) if by_model])
+        if re.match(r"<call>add a=\d+ b=\d+</call><eos>", model_text):
+            called += 1
+            assert tool_text == f"<result>{answer}</result>", "the tool's result, exactly, is the masked part"
+            assert turns == 2
+        else:
+            assert tool_text == "" and turns == 1
+        assert all(logp == 0.0 for logp, by_model in zip(logprobs, mask) if not by_model)
+        assert all(logp < 0.0 for logp, by_model in zip(logprobs, mask) if by_model)
+    assert called, "no episode called the tool; the embedded model calls it about three times in ten"
+
+
+def test_reward_weights_make_the_total_and_one_function_can_be_chosen(calculator):
+    from grpo_kit.plugins.registry import Registry
+
+    prompts, result, _ = calculator
+    scores = result.columns["verifiers_scores"]
+    assert result.columns["verifiers_reward"] == [s["correct"] for s in scores]  # used_tool weighs 0
+    assert [s["used_tool"] for s in scores] == [float(0 in mask) for mask in result.env_mask]
+    arguments = dict(prompts=[r["prompt"] for r in prompts], completions=[""] * len(prompts), completion_ids=[])
+    chosen = Registry().build("reward", "verifiers", {"function": "used_tool"})
+    assert chosen(**arguments, **result.columns) == [s["used_tool"] for s in scores]
+    unknown = Registry().build("reward", "verifiers", {"function": "style"})
+    with pytest.raises(RewardError, match="correct, used_tool"):
+        unknown(**arguments, **result.columns)
