@@ -204,9 +204,12 @@ def test_a_push_that_fails_mid_run_is_a_warning_and_loses_nothing(hub, registry,
     assert (kept / "model.safetensors").read_bytes() == (run_dir / "model" / "model.safetensors").read_bytes()
 
 
-def test_a_push_under_way_makes_the_next_save_wait_its_turn_or_skip(hub, registry, tiny_model, tmp_path, caplog):
-    """Without hub_always_push, a save that comes while the previous push is uploading is not pushed."""
-    release = hub.hold_commits()  # until the final push waits for it: steps 2 and 3 are saved meanwhile
+def test_a_push_under_way_makes_the_next_save_skip_and_outlives_its_checkpoint(
+    hub, registry, tiny_model, tmp_path, caplog
+):
+    """Without hub_always_push, a save that comes while the previous push is uploading is not pushed; and the push of
+    a checkpoint that save_total_limit deletes meanwhile still sends it whole."""
+    release = hub.hold_uploads()  # until the final push waits for it: steps 2 and 3 are saved meanwhile
 
     class Release(logging.Handler):
         def emit(self, record):
@@ -214,14 +217,19 @@ def test_a_push_under_way_makes_the_next_save_wait_its_turn_or_skip(hub, registr
                 release.set()
 
     logging.getLogger("grpo_kit.outputs.hub").addHandler(handler := Release())
+    overrides = pushing(
+        tiny_model, "trainer.max_steps=3", "trainer.save_total_limit=1", "trainer.hub_strategy=checkpoint"
+    )
     try:
         with caplog.at_level(logging.INFO, logger="grpo_kit.outputs.hub"):
-            train(registry, pushing(tiny_model, "trainer.max_steps=3", "trainer.save_total_limit=1"), tmp_path / "run")
+            run_dir = train(registry, overrides, tmp_path / "run")
     finally:
         logging.getLogger("grpo_kit.outputs.hub").removeHandler(handler)
-    assert release.is_set()
+    assert release.is_set() and not (run_dir / "checkpoints" / "step-000001").exists()
     assert hub.repos[f"{USER}/grpo-tiny"].commits == ["Training in progress, step 1", "End of training"]
     assert any("Step 2 is not pushed to the Hub" in r.getMessage() for r in caplog.records)
+    hub_logs = [record for record in caplog.records if record.name == "grpo_kit.outputs.hub"]
+    assert [record.getMessage() for record in hub_logs if record.levelno >= logging.WARNING] == []
 
 
 @pytest.mark.slow

@@ -58,9 +58,9 @@ class HubStandIn:
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
         self.held: threading.Event | None = None
 
-    def hold_commits(self) -> threading.Event:
-        """From now on each commit waits until the event returned is set (for a minute at most), as a slow upload
-        would."""
+    def hold_uploads(self) -> threading.Event:
+        """From now on each upload waits at its preupload call, before huggingface_hub has read the files' contents,
+        until the event returned is set (for a minute at most), as a slow upload would."""
         self.held = threading.Event()
         return self.held
 
@@ -107,7 +107,7 @@ def _handler(hub: HubStandIn) -> type[BaseHTTPRequestHandler]:
             header = self.headers.get("authorization", "")
             token = header.removeprefix("Bearer ") if header.startswith("Bearer ") else None
             body = self.rfile.read(int(self.headers.get("content-length") or 0))
-            if hub.held is not None and "/commit/" in path:
+            if hub.held is not None and "/preupload/" in path:
                 hub.held.wait(timeout=60)
             with hub.lock:
                 hub.requests.append((method, path, token))
