@@ -12,11 +12,12 @@ import sys
 import pytest
 import yaml
 from huggingface_hub import constants
+from huggingface_hub.errors import HFValidationError, OfflineModeIsEnabled
 from safetensors.torch import load_file
 
 import grpo_kit
 from grpo_kit.contract.errors import ConfigError
-from grpo_kit.outputs.hub import HubError, model_card
+from grpo_kit.outputs.hub import HubError, explained, model_card
 from grpo_kit.testing import tiny_run
 from grpo_kit.testing.hub import HubStandIn
 
@@ -136,6 +137,13 @@ def test_the_card_names_a_hub_model_and_dataset_in_its_metadata(registry, tmp_pa
     assert metadata["base_model"] == "Qwen/Qwen2.5-0.5B-Instruct" and metadata["datasets"] == ["openai/gsm8k"]
     assert "| dataset | `openai/gsm8k` (main) |" in card and "Training is under way" in card
     assert "No metrics were logged yet." in card
+
+
+def test_offline_mode_and_a_bad_repo_name_are_said_in_words():
+    offline = explained(OfflineModeIsEnabled("offline"), "me/model", "https://huggingface.co")
+    assert "HF_HUB_OFFLINE is set" in offline and "push_to_hub=false" in offline
+    bad = explained(HFValidationError("Repo id must use alphanumeric chars"), "me/a:b", "https://huggingface.co")
+    assert "trainer.hub_model_id='me/a:b' is not a valid repo name" in bad
 
 
 @pytest.mark.parametrize("strategy", ["all_checkpoints", "sometimes"])
