@@ -21,10 +21,8 @@ TRL_EXAMPLE = RECIPES / "trl_cli_example_config.yaml"
 # What the open-r1 recipes ask that grpo_kit cannot do (yet): each must be named, all in one report.
 DEMO_REFUSED = {
     "vllm_device",
-    "hub_model_id",
     "max_prompt_length",
     "overwrite_output_dir",
-    "push_to_hub",
     "save_strategy",
 }
 
@@ -50,7 +48,7 @@ def test_open_r1_demo_reports_every_refusal_together(capsys):
     assert f"{len(DEMO_REFUSED)} field(s) of the recipe cannot be carried over" in err
     for name in DEMO_REFUSED:
         assert f"  {name}: " in err
-    assert "push_to_hub: not built yet in grpo_kit (issue #47)" in err
+    assert "save_strategy: grpo_kit checkpoints every N steps, not every epoch" in err
     assert "num_processes: the launcher's setting" in err  # not applicable, and said so
 
 
@@ -68,6 +66,7 @@ def test_the_rest_of_an_open_r1_recipe_composes_with_its_values(registry):
     cfg = grpo_kit.compose([*overrides, "+reward=accuracy"], registry)
     assert cfg.generation.name == "vllm_colocate" and cfg.generation.gpu_memory_utilization == 0.7
     assert cfg.trainer.logging_first_step is True and cfg.trainer.log_completions is True
+    assert cfg.trainer.push_to_hub is True and cfg.trainer.hub_model_id == "Qwen2.5-1.5B-Open-R1-GRPO"
     assert cfg.model.model_init_kwargs == {"dtype": "bfloat16", "attn_implementation": "flash_attention_2"}
     assert (cfg.data.path, cfg.data.name, cfg.eval.split, cfg.eval.steps) == (
         "AI-MO/NuminaMath-TIR",
@@ -121,7 +120,7 @@ def test_trl_config_runs_a_recipe_with_the_command_lines_overrides_winning():
 def test_trl_config_refuses_before_anything_runs():
     result = run_module("--trl-config", str(OPEN_R1_DEMO), "+reward=accuracy")
     assert result.returncode == 1
-    assert "push_to_hub: not built yet in grpo_kit (issue #47)" in result.stderr
+    assert "save_strategy: grpo_kit checkpoints every N steps, not every epoch" in result.stderr
 
 
 def test_an_unknown_field_is_refused_by_name():
@@ -191,6 +190,7 @@ def test_translations_that_read_several_fields(recipe, expected):
         {"report_to": ["mlflow"]},
         {"metric_for_best_model": "eval_loss"},  # grpo_kit's evaluation computes no loss
         {"save_strategy": "best"},
+        {"hub_token": "hf_secret"},  # would be copied into the printed command and the experiment file
     ],
 )
 def test_values_grpo_kit_cannot_honour_are_refused(recipe):
