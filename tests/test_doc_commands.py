@@ -34,6 +34,10 @@ ELIDED = "leaves part of the command out (...) for the reader to fill in"
 YOUR_FILES = "names the reader's own model and data files (M, train.jsonl)"
 WANDB_LOGIN = "needs a wandb login; the WANDB_MODE=offline command beside it runs here"
 CHAT_ONLY = "TRL's think_format_reward reads chat messages, and the embedded task's completions are text"
+VERIFIERS_TASKS = (
+    "reads tasks.jsonl, which the grpo_kit_verifiers.tasks command before it writes "
+    "(plugins/grpo_kit_verifiers/tests/test_learning.py runs the two)"
+)
 
 SKIPPED = {
     "python -m grpo_kit +reward=accuracy trainer.report_to=[wandb]": WANDB_LOGIN,
@@ -97,6 +101,8 @@ SKIPPED = {
     "model.logits=chunked": HUB,
     "python -m grpo_kit model.name_or_path=Qwen/Qwen2.5-0.5B-Instruct data.path=prompts.jsonl +reward=accuracy "
     "model.logits=liger": HUB,
+    "python -m grpo_kit +loss=dapo +rollout=verifiers +reward=verifiers data.path=tasks.jsonl "
+    "generation.max_completion_length=4 rollout.harness= trainer.max_steps=40": VERIFIERS_TASKS,
 }
 
 # The docs' examples call functions of the reader's own package, mylab: these stand in for them.

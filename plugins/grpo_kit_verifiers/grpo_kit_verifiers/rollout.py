@@ -21,9 +21,9 @@ from grpo_kit_verifiers.tasks import TASK_COLUMN, TASKSET_COLUMN, task_of
 class VerifiersRollout:
     def __init__(self, config: VerifiersRolloutConfig):
         self.config = config
-        # verifiers reports every episode, and its clients every request (through httpx), at INFO: thousands of
-        # lines in a run's log
-        for name in ("verifiers", "httpx"):
+        # verifiers reports every episode, its clients (httpx) and its interception server (aiohttp) every request,
+        # at INFO: thousands of lines in a run's log
+        for name in ("verifiers", "httpx", "aiohttp.access"):
             logging.getLogger(name).setLevel(max(logging.WARNING, logging.getLogger(name).level))
         self.environments = {}  # taskset id -> its verifiers Env, built at first use
 

@@ -115,3 +115,39 @@ def test_reward_weights_make_the_total_and_one_function_can_be_chosen(calculator
     unknown = Registry().build("reward", "verifiers", {"function": "style"})
     with pytest.raises(RewardError, match="correct, used_tool"):
         unknown(**arguments, **result.columns)
+
+
+def test_a_chat_template_that_rewrites_the_past_is_refused():
+    """The harness's second request: its conversation, rendered, must begin with what the model already read."""
+    import asyncio
+
+    import httpx
+    from accelerate import Accelerator
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from grpo_kit.embedded.sums import model_path
+    from grpo_kit.plugins.registry import Registry
+    from grpo_kit_verifiers.bridge import Bridge
+
+    directory = model_path("tool_use")
+    model, tokenizer = AutoModelForCausalLM.from_pretrained(directory), AutoTokenizer.from_pretrained(directory)
+    tokenizer.chat_template = "{{ messages | length }}" + tokenizer.chat_template  # a new message changes the opening
+    generation = Registry().build("generation", "transformers", {"max_completion_length": 8})
+    generation.start(model, tokenizer, Accelerator(cpu=True))
+
+    async def two_turns():
+        async with Bridge(tokenizer, generation, 32, batch_wait=0.0) as bridge:
+            bridge.live = 1
+            user = {"role": "user", "content": "12+45="}
+            async with httpx.AsyncClient(base_url=bridge.base_url, headers={"X-Session-ID": "one"}) as client:
+                first = await client.post("/chat/completions", json={"model": "policy", "messages": [user]})
+                reply = first.json()["choices"][0]["message"]
+                second = await client.post("/chat/completions", json={"messages": [user, reply, user]})
+            return first.status_code, second.status_code, bridge.failure
+
+    try:
+        first, second, failure = asyncio.run(two_turns())
+    finally:
+        generation.close()
+    assert (first, second) == (200, 500)  # the harness sees an error; the rollout raises the bridge's failure
+    assert isinstance(failure, PluginError) and "chat template writes the conversation" in str(failure)
