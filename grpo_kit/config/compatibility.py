@@ -128,6 +128,24 @@ def check_housekeeping(trainer: DictConfig) -> None:
         raise ConfigError(
             f"trainer.torch_empty_cache_steps={trainer.torch_empty_cache_steps} must be at least 1 (or null: never)."
         )
+    check_torch_compile(trainer)
+
+
+def check_torch_compile(trainer: DictConfig) -> None:
+    """trainer.torch_compile_backend and torch_compile_mode need trainer.torch_compile (which TRL turns on by either),
+    and packed passes waste what compiling costs."""
+    for name in ("torch_compile_backend", "torch_compile_mode"):
+        if trainer[name] is not None and not trainer.torch_compile:
+            raise ConfigError(
+                f"trainer.{name}={trainer[name]} is an option of trainer.torch_compile, which is off: add "
+                "trainer.torch_compile=true (TRL turns it on by either option), or drop the option."
+            )
+    if trainer.torch_compile and trainer.packing:
+        log.warning(
+            "trainer.torch_compile=true with trainer.packing=true: each packed pass makes torch.compile compile "
+            "anew until its recompile limit (8), past which those passes run uncompiled. The values are right, "
+            "but the compiling costs more than it saves: drop one of the two."
+        )
 
 
 def check_hub(trainer: DictConfig) -> None:

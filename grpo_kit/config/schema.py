@@ -198,8 +198,11 @@ class TrainerConfig:
     log_completions: bool = False
     num_completions_to_print: int | None = None  # rows of the console's table; None: all of the step's
     log_unique_prompts: bool = False  # one row per prompt in the trackers' tables: its group's first completion
-    # The policy's forward compiled with torch.compile for the training passes (TRL's torch_compile).
+    # The policy's forward compiled with torch.compile for the passes that score completions (TRL's torch_compile):
+    # the training pass and the old log-probs; generation and the reference's passes stay plain.
     torch_compile: bool = False
+    torch_compile_backend: str | None = None  # torch.compile's backend (needs torch_compile); None: inductor
+    torch_compile_mode: str | None = None  # torch.compile's mode, max-autotune say (needs torch_compile); None: its own
     # The best checkpoint: the one whose metric_for_best_model (a logged metric, e.g. eval/reward) is best; it is
     # never deleted by save_total_limit. greater_is_better None: true unless the name ends in "loss" (TRL).
     metric_for_best_model: str | None = None

@@ -22,6 +22,7 @@ from grpo_kit.contract.micro_batch import MicroBatch
 from grpo_kit.model import vision
 from grpo_kit.model.fast.causal_attention import chunked_causal_attention_on_cpu
 from grpo_kit.model.fast.chunked_logits import chunked_logps_and_entropies
+from grpo_kit.model.fast.compiled import compiled_call
 from grpo_kit.model.fast.length_groups import in_length_groups
 from grpo_kit.model.fast.mask_free import longest_move_for_logits, mask_free_inputs, row_spans
 from grpo_kit.model.fast.stable_widths import at_a_multiple_width, width_multiple
@@ -140,6 +141,9 @@ def run_model(model, inputs: dict[str, torch.Tensor], **kwargs):
     else:
         attention = contextlib.nullcontext()
     with attention:
+        compile_options = speed_ups(model).torch_compile
+        if compile_options is not None:
+            return compiled_call(compile_options, model, inputs, kwargs)
         return model(**inputs, **kwargs)
 
 

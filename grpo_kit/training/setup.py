@@ -26,6 +26,7 @@ from grpo_kit.config.secrets import redacted
 from grpo_kit.contract.eos import eos_token_ids
 from grpo_kit.contract.errors import ConfigError
 from grpo_kit.contract.pipeline import Run
+from grpo_kit.model.fast.compiled import use_compiled_passes
 from grpo_kit.model.loading import load_model
 from grpo_kit.model.logprobs import unwrapped
 from grpo_kit.model.packing import use_packing
@@ -280,6 +281,8 @@ def build_policy(
     for dataset in prompts.every_set:
         check_prompt_lengths(dataset, tokenizer, cfg.generation.max_completion_length, max_positions)
     reference = build_reference(cfg, model, accelerator) if algo.beta != 0.0 else None
+    if t.torch_compile:  # the policy's passes, after the reference was copied from it: the reference's stay plain
+        use_compiled_passes(model, t.torch_compile_backend, t.torch_compile_mode)
     if reference is not None and budget.packing:
         use_packing(unwrapped(reference))
     return Policy(model, tokenizer, reference, eos_token_ids(model, tokenizer), images, by_length, budget)

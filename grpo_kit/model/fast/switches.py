@@ -16,13 +16,14 @@ class SpeedUps:
     """Each true: the speed-up where it applies (fast/*.py says where); false: the plain path. The config's
     model.mask_free_passes, model.passes_by_length (auto: off on a CUDA GPU, where each group is one more shape),
     model.cpu_chunked_attention and model.pad_to_multiple_of (fast/stable_widths.py); and trainer.packing, off unless
-    asked for (grpo_kit/model/packing.py)."""
+    asked for (grpo_kit/model/packing.py), and trainer.torch_compile, likewise (fast/compiled.py)."""
 
     mask_free_passes: bool = True
     passes_by_length: Any = "auto"  # true, false, or auto
     cpu_chunked_attention: bool = True
     packing: bool = False
     pad_to_multiple_of: Any = "auto"  # tokens, None, or auto
+    torch_compile: Any = None  # trainer.torch_compile: (backend, mode) of the passes' torch.compile; None: off
 
 
 def takes_length_groups(speed_ups: SpeedUps, device) -> bool:
