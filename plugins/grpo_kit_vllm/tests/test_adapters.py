@@ -1,12 +1,14 @@
 """The parts of both vLLM backends that need no server and no vLLM: requests, responses, weights, errors."""
 
 import copy
+import dataclasses
 import json
 import socket
+import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from types import SimpleNamespace
+from types import ModuleType, SimpleNamespace
 
 import pytest
 import torch
@@ -305,6 +307,7 @@ class RecordingEngine:
 
     def generate(self, prompts, params, use_tqdm):
         self.calls.append("generate")
+        self.params = params
         output = SimpleNamespace(token_ids=[5, 1], finish_reason="stop", logprobs=None)
         return [SimpleNamespace(outputs=[output]) for _ in prompts]
 
@@ -359,6 +362,36 @@ def test_colocate_sleeps_after_generating_and_has_its_weights_back_before_the_ne
     expected = dict(backend.model.named_parameters())
     assert len(backend.llm.loaded) == (3 if level == 2 else 2)  # each update_weights; level 2 once more
     assert backend.llm.loaded[-1].keys() == expected.keys()  # the checkpoint's names, the tied head once
+
+
+def test_colocate_hands_the_engine_the_regex_as_vllms_structured_outputs_params(tmp_path, monkeypatch):
+    """vLLM 0.33's SamplingParams takes `structured_outputs` as a StructuredOutputsParams (vllm/sampling_params.py),
+    not the JSON object a server parses into one: a stand-in of that dataclass checks what reaches the engine."""
+    from accelerate import Accelerator
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from grpo_kit.testing.models import build_tiny_model
+    from grpo_kit_vllm.colocate import VLLMColocateGeneration
+
+    @dataclasses.dataclass
+    class StructuredOutputsParams:  # vLLM's fields of one kind of constraint, less the others
+        regex: str | None = None
+
+    monkeypatch.setitem(sys.modules, "vllm", ModuleType("vllm"))
+    monkeypatch.setitem(
+        sys.modules, "vllm.sampling_params", SimpleNamespace(StructuredOutputsParams=StructuredOutputsParams)
+    )
+    directory = build_tiny_model(tmp_path)
+    backend = VLLMColocateGeneration(VLLMColocateConfig(structured_outputs_regex="[0-9]+"))
+    backend.model, backend.tokenizer = (
+        AutoModelForCausalLM.from_pretrained(directory),
+        AutoTokenizer.from_pretrained(directory),
+    )
+    backend.accelerator, backend.tp_group, backend.asleep = Accelerator(cpu=True), None, set()
+    backend.eos_token_ids = grpo_kit.eos_token_ids(backend.model, backend.tokenizer)
+    backend.llm, backend.vllm = RecordingEngine(), SimpleNamespace(SamplingParams=dict)
+    backend.generate([[3, 4]])
+    assert backend.llm.params["structured_outputs"] == StructuredOutputsParams(regex="[0-9]+")
 
 
 def test_a_vllm_completion_becomes_a_sample_with_its_log_probs():
