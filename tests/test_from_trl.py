@@ -167,6 +167,15 @@ def test_an_unknown_field_is_refused_by_name():
             {"trainer.metric_for_best_model": "eval/reward", "trainer.load_best_model_at_end": True},
         ),
         (
+            {"torch_compile_mode": "max-autotune"},  # transformers turns compiling on for it
+            {"trainer.torch_compile_mode": "max-autotune", "trainer.torch_compile": True},
+        ),
+        ({"generation_batch_size": 64}, {"generation.batch_size": 64}),
+        (
+            {"use_vllm": True, "vllm_mode": "server", "vllm_structured_outputs_regex": "[0-9]+"},
+            {"generation": "vllm_server", "generation.structured_outputs_regex": "[0-9]+"},
+        ),
+        (
             {"metric_for_best_model": "eval_rewards/accuracy/mean"},
             {"trainer.metric_for_best_model": "eval/rewards/accuracy/mean"},
         ),
@@ -190,6 +199,7 @@ def test_translations_that_read_several_fields(recipe, expected):
         {"report_to": ["mlflow"]},
         {"metric_for_best_model": "eval_loss"},  # grpo_kit's evaluation computes no loss
         {"save_strategy": "best"},
+        {"vllm_structured_outputs_regex": "[0-9]+"},  # TRL drops it without vLLM; transformers cannot honour it
         {"hub_token": "hf_secret"},  # would be copied into the printed command and the experiment file
     ],
 )

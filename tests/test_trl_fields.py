@@ -11,17 +11,11 @@ from omegaconf import OmegaConf
 
 import grpo_kit
 from grpo_kit.cli.from_trl import markdown_table
-from grpo_kit.config.trl_entries import NO_INERT, NOT_BUILT_YET, Mapped, NotApplicable, Refused
+from grpo_kit.config.trl_entries import NO_INERT, Mapped, NotApplicable, Refused
 from grpo_kit.config.trl_fields import GRPO_CONFIG_FIELDS
 from grpo_kit.config.trl_script_fields import SCRIPT
 
 DOC = Path(__file__).parents[1] / "docs" / "trl.md"
-# Issue 47's other parts will build these; until then each is refused, never mapped to nothing.
-LATER = [
-    "torch_compile",
-    "generation_batch_size",
-    "vllm_structured_outputs_regex",
-]
 
 
 def defaults(config_class) -> dict:
@@ -52,14 +46,7 @@ def test_a_refused_fields_inert_value_is_trls_default(trl):
         if isinstance(entry, Refused) and entry.inert is not NO_INERT and name in trl_defaults:
             assert entry.inert == trl_defaults[name], name
             checked += 1
-    assert checked > 50
-
-
-def test_the_fields_issue_47_will_build_are_refused_as_not_built_yet():
-    for name in LATER:
-        entry = GRPO_CONFIG_FIELDS[name]
-        assert isinstance(entry, Refused) and entry.reason == NOT_BUILT_YET, name
-        assert "#47" in entry.reason
+    assert checked > 40
 
 
 def test_a_plain_mapping_names_an_existing_option():

@@ -10,9 +10,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-ISSUE = "#47"
-NOT_BUILT_YET = f"not built yet in grpo_kit (issue {ISSUE})"
-
 # An entry's `inert` value when it has none: a field set to its inert value asks TRL for nothing (its default).
 NO_INERT = object()
 
@@ -65,11 +62,6 @@ Entry = Mapped | Refused | NotApplicable
 
 def same(key: str, note: str = "") -> Mapped:
     return Mapped(key, note=note)
-
-
-def later(nearest: str = "none yet", inert: Any = NO_INERT) -> Refused:
-    """A field issue 47 will build: refused until then, never mapped to nothing."""
-    return Refused(NOT_BUILT_YET, nearest, inert)
 
 
 def kind(entry: Entry) -> str:

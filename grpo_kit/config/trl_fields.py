@@ -8,7 +8,7 @@ so a new TRL field shows up as unmapped rather than passing unnoticed.
 from grpo_kit.config import trl_rewards as rewards
 from grpo_kit.config import trl_translations as t
 from grpo_kit.config import trl_vllm as vllm
-from grpo_kit.config.trl_entries import Mapped, NotApplicable, Refused, later, same
+from grpo_kit.config.trl_entries import Mapped, NotApplicable, Refused, same
 
 LAUNCHER = "accelerate launch --config_file conf/accelerate/NAME.yaml (docs/scaling.md)"
 NO_DATALOADER = "grpo_kit has no DataLoader: the sampler plugin draws each generation batch's prompts in the process"
@@ -54,9 +54,13 @@ TRAINING = {
     "activation_checkpointing_kwargs": Mapped("trainer.gradient_checkpointing_kwargs", t.checkpointing_kwargs),
     "gradient_checkpointing": Mapped("model.gradient_checkpointing", t.checkpointing),
     "gradient_checkpointing_kwargs": Mapped("trainer.gradient_checkpointing_kwargs", t.checkpointing_kwargs),
-    "torch_compile": later("none", False),
-    "torch_compile_backend": later("none", None),
-    "torch_compile_mode": later("none", None),
+    "torch_compile": same("trainer.torch_compile"),
+    "torch_compile_backend": Mapped(
+        "trainer.torch_compile_backend", t.compile_option("trainer.torch_compile_backend"), "also torch_compile=true"
+    ),
+    "torch_compile_mode": Mapped(
+        "trainer.torch_compile_mode", t.compile_option("trainer.torch_compile_mode"), "also torch_compile=true"
+    ),
     "use_liger_kernel": Refused(LIGER, LIGER_NEAREST, False),
     "liger_kernel_config": Refused(LIGER, LIGER_NEAREST, None),
     "use_cache": NotApplicable("training passes never keep a KV cache; generation backends keep their own"),
@@ -188,7 +192,7 @@ GENERATION = {
     "num_generations_eval": same("eval.num_generations"),
     "max_completion_length": same("generation.max_completion_length"),
     "ds3_gather_for_generation": same("generation.ds3_gather_for_generation"),
-    "generation_batch_size": later("algorithm.steps_per_generation", None),
+    "generation_batch_size": same("generation.batch_size"),
     "steps_per_generation": same("algorithm.steps_per_generation"),
     "temperature": same("generation.temperature"),
     "top_p": same("generation.top_p"),
@@ -213,7 +217,9 @@ VLLM = {
     "vllm_enable_sleep_mode": Mapped(
         "generation.sleep_level", vllm.in_mode("colocate", "generation.sleep_level", False, vllm.sleep_level), "2"
     ),
-    "vllm_structured_outputs_regex": later("none", None),
+    "vllm_structured_outputs_regex": Mapped(
+        "generation.structured_outputs_regex", vllm.structured_outputs_regex, "with use_vllm only"
+    ),
     "vllm_server_base_url": Mapped("generation.base_url", vllm.server_address(None)),
     "vllm_server_host": Mapped("generation.base_url", vllm.server_address("0.0.0.0"), "http://HOST:PORT"),
     "vllm_server_port": Mapped("generation.base_url", vllm.server_address(8000), "http://HOST:PORT"),

@@ -80,6 +80,15 @@ def metric_for_best_model(value, recipe: dict) -> dict:
     return {"trainer.metric_for_best_model": f"eval/{name}"}
 
 
+def compile_option(key: str) -> Translate:
+    """torch_compile_backend and torch_compile_mode: in transformers, setting one turns torch_compile on."""
+
+    def translate(value, recipe: dict) -> dict:
+        return {} if value is None else {key: value, "trainer.torch_compile": True}
+
+    return translate
+
+
 def save_total_limit(value, recipe: dict) -> dict:
     if value is None:
         raise Refusal("TRL keeps every checkpoint; grpo_kit keeps a number of them", "trainer.save_total_limit=N")

@@ -64,3 +64,15 @@ def server_address(default: Any) -> Translate:
 
 def sleep_level(value) -> int:
     return 2 if value else 0  # TRL's sleep mode puts vLLM to sleep at level 2: its weights and KV cache freed
+
+
+def structured_outputs_regex(value, recipe: dict) -> dict:
+    """TRL sends it to vLLM in either mode and, without vLLM, drops it; grpo_kit's transformers backend refuses it."""
+    if value is None:
+        return {}
+    if mode_of(recipe) is None:
+        raise Refusal(
+            "TRL ignores it without use_vllm, and grpo_kit's transformers backend cannot constrain its sampling",
+            "use_vllm: true",
+        )
+    return {"generation.structured_outputs_regex": value}
