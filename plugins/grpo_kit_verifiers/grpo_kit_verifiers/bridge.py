@@ -58,12 +58,12 @@ class Bridge:
         self.tokenizer, self.generation = tokenizer, generation
         self.max_completion_length, self.batch_wait = max_completion_length, batch_wait
         self.sessions: dict[str, Session] = {}
-        self.live = 0  # episodes in flight, which the rollout counts: a full batch is one request from each
+        self.live = 0  # episodes in flight (`started`, `finished`): a full batch is one request from each
         # The first error of ours or of the backend: the harness sees an HTTP 500, and ends the episode as a failed
         # one that verifiers scores 0, so the rollout raises this instead of training on it.
         self.failure: Exception | None = None
         self._pending: list[tuple[list[int], asyncio.Future]] = []
-        self._arrived = asyncio.Event()
+        self._changed = asyncio.Event()  # a request arrived, or an episode ended
         self._runner: web.AppRunner | None = None
         self._batcher: asyncio.Task | None = None
         self.base_url = ""
@@ -133,23 +133,34 @@ class Bridge:
             )
         return after[len(before) :]
 
+    def started(self, count: int) -> None:
+        self.live += count
+
+    def finished(self) -> None:
+        self.live -= 1
+        self._changed.set()  # the batch being gathered may be complete now
+
     async def _generate(self, prompt_ids: list[int]) -> "Turn":
         future = asyncio.get_running_loop().create_future()
         self._pending.append((prompt_ids, future))
-        self._arrived.set()
+        self._changed.set()
         return await future
 
     async def _batches(self) -> None:
         while True:
-            await self._arrived.wait()
+            await self._changed.wait()
             while len(self._pending) < self.live:  # wait for the other live episodes' requests, a while
-                self._arrived.clear()
+                self._changed.clear()
                 try:
-                    await asyncio.wait_for(self._arrived.wait(), self.batch_wait)
+                    await asyncio.wait_for(self._changed.wait(), self.batch_wait)
                 except TimeoutError:
                     break
-            batch, self._pending = self._pending, []
-            self._arrived.clear()
+            # In the prompts' order, not the order the harnesses' requests arrived in: the same batch samples the
+            # same tokens under the same seed.
+            batch, self._pending = sorted(self._pending, key=lambda request: request[0]), []
+            self._changed.clear()
+            if not batch:
+                continue
             try:
                 results = generated(self.generation, [ids for ids, _ in batch])
             except Exception as error:  # noqa: BLE001 - every waiting request gets the backend's error

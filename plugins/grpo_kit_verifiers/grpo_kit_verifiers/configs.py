@@ -9,9 +9,9 @@ from grpo_kit.contract.kinds import RewardConfig
 
 @dataclass
 class VerifiersRolloutConfig:
-    # verifiers' harness the agent runs in: null (its chat loop, tools over MCP), bash, ...; "": the taskset's own
-    # choice (the bash harness unless the taskset ships one)
-    harness: str = "null"
+    # verifiers' harness the agent runs in, by id: bash, codex, ...; None (rollout.harness=null) its chat loop
+    # `null` (tools over MCP); "": the taskset's own choice (the bash harness unless the taskset ships one)
+    harness: str | None = None
     runtime: str = "subprocess"  # where the harness program runs: subprocess (this machine), docker, prime, ...
     model: str = "policy"  # the model name the harness sends; the endpoint answers with the policy whatever it is
     # tokens per episode, every turn's and every tool result's together; the rest is cut off, as a truncation

@@ -59,13 +59,13 @@ class VerifiersRollout:
             context = vf.ModelContext(
                 model=self.config.model, client=vf.EvalClientConfig(base_url=bridge.base_url, api_key_var="")
             )
-            bridge.live = len(rows)
+            bridge.started(len(rows))
 
             async def episode(environment, row):
                 try:
                     return await environment.run_episode(task_of(environment.taskset, row), context)
                 finally:
-                    bridge.live -= 1
+                    bridge.finished()
 
             episodes = await asyncio.gather(*(episode(env, row) for env, row in zip(environments, rows)))
         if bridge.failure is not None:
@@ -79,8 +79,9 @@ class VerifiersRollout:
             import verifiers.v1 as vf
 
             agent = {"runtime": {"type": self.config.runtime}}
-            if self.config.harness:
-                agent["harness"] = {"id": self.config.harness}
+            harness = "null" if self.config.harness is None else self.config.harness  # Hydra reads `null` as None
+            if harness:
+                agent["harness"] = {"id": harness}
             config = vf.resolve_env_config({"taskset": {"id": taskset_id}, "agent": agent})
             self.environments[taskset_id] = vf.load_environment(config)
         return self.environments[taskset_id]
