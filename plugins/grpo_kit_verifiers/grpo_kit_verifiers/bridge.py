@@ -39,13 +39,15 @@ class Session:
     logprobs: list[float] = field(default_factory=list)
     env_mask: list[int] = field(default_factory=list)
     turns: int = 0
+    sampled_logprobs: bool = True  # False once a turn came from a backend without the sampler's log-probs
 
     def cut(self, limit: int) -> "Session":
         """At most `limit` completion tokens: what the environment added after the budget was spent is dropped."""
         lists = (self.completion_ids[:limit], self.logprobs[:limit], self.env_mask[:limit])
-        return Session(self.prompt_ids, *lists, turns=self.turns)
+        return Session(self.prompt_ids, *lists, turns=self.turns, sampled_logprobs=self.sampled_logprobs)
 
     def extend(self, ids: list[int], logprobs: list[float] | None, by_model: bool) -> None:
+        self.sampled_logprobs &= logprobs is not None or not by_model
         self.completion_ids += ids
         self.logprobs += logprobs if logprobs is not None else [0.0] * len(ids)
         self.env_mask += [int(by_model)] * len(ids)

@@ -39,7 +39,8 @@ class VerifiersRollout:
         return RolloutResult(
             prompt_ids=[session.prompt_ids for session in sessions],
             completion_ids=[session.completion_ids for session in sessions],
-            logprobs=[session.logprobs for session in sessions],
+            # the sampler's log-probs, where the backend gave them for every turn (0 on what the model did not write)
+            logprobs=[s.logprobs for s in sessions] if all(s.sampled_logprobs for s in sessions) else None,
             env_mask=[session.env_mask for session in sessions],
             columns={
                 "verifiers_reward": [trace.reward for trace in traces],
