@@ -10,6 +10,8 @@ each episode's tokens and marks what the model did not write. The scores reach t
 import asyncio
 import contextlib
 import logging
+import os
+import sysconfig
 
 from grpo_kit.contract.errors import PluginError
 from grpo_kit.contract.kinds import RolloutResult
@@ -26,6 +28,12 @@ class VerifiersRollout:
         for name in ("verifiers", "httpx", "aiohttp.access"):
             logging.getLogger(name).setLevel(max(logging.WARNING, logging.getLogger(name).level))
         self.environments = {}  # taskset id -> its verifiers Env, built at first use
+        # verifiers' runtimes prepare harness programs with the `uv` they find on PATH (else they download one). The
+        # uv this distribution depends on is in the interpreter's scripts folder, on PATH only in an activated
+        # environment: it goes last, so that a uv of the user's own comes first.
+        path = os.environ.get("PATH", "")
+        if sysconfig.get_path("scripts") not in path.split(os.pathsep):
+            os.environ["PATH"] = os.pathsep.join(filter(None, [path, sysconfig.get_path("scripts")]))
 
     def __call__(self, rows: list[dict], tokenizer, generation) -> RolloutResult:
         missing = [column for column in (TASKSET_COLUMN, TASK_COLUMN) if column not in rows[0]]

@@ -71,6 +71,20 @@ def test_rows_without_verifiers_tasks_are_refused_with_the_command_that_writes_t
         rollout([{"prompt": "1+2=", "solution": "3"}], None, None)
 
 
+def test_the_uv_of_the_environment_is_found_when_the_environment_is_not_activated(monkeypatch):
+    """verifiers' runtimes prepare harness programs with the `uv` on PATH; without one they try to download it."""
+    import os
+    import shutil
+    import sysconfig
+
+    from grpo_kit.plugins.registry import Registry
+
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")
+    Registry().build("rollout", "verifiers", {"max_completion_length": 4})
+    assert os.environ["PATH"].split(os.pathsep) == ["/usr/bin", "/bin", sysconfig.get_path("scripts")]
+    assert shutil.which("uv") is not None
+
+
 def test_the_rubric_scores_what_the_model_wrote(sums):
     prompts, result, tokenizer = sums
     replies = [tokenizer.decode(ids, skip_special_tokens=True) for ids in result.completion_ids]
