@@ -50,6 +50,8 @@ class VerifiersRollout:
             # the sampler's log-probs, where the backend gave them for every turn (0 on what the model did not write)
             logprobs=[s.logprobs for s in sessions] if all(s.sampled_logprobs for s in sessions) else None,
             env_mask=[session.env_mask for session in sessions],
+            # chat prompts: the episode's messages (text prompts: the decoded tokens, the completion as text)
+            completions=[conversation(t, row["prompt"]) for t, row in zip(traces, rows)] if chat(rows) else None,
             columns={
                 "verifiers_reward": [trace.reward for trace in traces],
                 "verifiers_scores": [scores(trace) for trace in traces],
@@ -110,6 +112,19 @@ def played(episode, bridge: Bridge):
         f"a verifiers episode called the model from {len(traces)} agent runs; +rollout=verifiers trains "
         "single-agent episodes, whose one trace is the completion."
     )
+
+
+def chat(rows: list[dict]) -> bool:
+    return any(not isinstance(row["prompt"], str) for row in rows)
+
+
+def conversation(trace, prompt) -> list[dict]:
+    """The episode after its prompt, as OpenAI chat messages: the model's turns, and the tool results and replies
+    the harness added; what the rewards read, and the samples show."""
+    from verifiers.v1.dialects.chat import message_to_wire
+
+    opening = 1 if isinstance(prompt, str) else len(prompt)
+    return [{**wire, "content": wire.get("content") or ""} for wire in map(message_to_wire, trace.messages[opening:])]
 
 
 def scores(trace) -> dict[str, float | None]:

@@ -100,8 +100,8 @@ def test_the_rubric_scores_what_the_model_wrote(sums):
 def test_tool_results_are_in_the_completion_and_masked(calculator):
     _, result, tokenizer = calculator
     called = 0
-    for ids, mask, logprobs, turns in zip(
-        result.completion_ids, result.env_mask, result.logprobs, result.columns["verifiers_turns"]
+    for ids, mask, logprobs, turns, messages in zip(
+        result.completion_ids, result.env_mask, result.logprobs, result.columns["verifiers_turns"], result.completions
     ):
         tool_text = tokenizer.decode([token for token, by_model in zip(ids, mask) if not by_model])
         model_text = tokenizer.decode([token for token, by_model in zip(ids, mask) if by_model])
@@ -110,6 +110,8 @@ def test_tool_results_are_in_the_completion_and_masked(calculator):
         # Exactly the results of the calls the model wrote are masked; the model's turns, and nothing else, are not.
         assert tool_text == "".join(f"<result>{int(a) + int(b)}</result>" for a, b in calls)
         assert turns == len(calls) + 1
+        assert [message["role"] for message in messages] == ["assistant", "tool"] * len(calls) + ["assistant"]
+        assert [m["content"] for m in messages if m["role"] == "tool"] == [str(int(a) + int(b)) for a, b in calls]
         assert all(logp == 0.0 for logp, by_model in zip(logprobs, mask) if not by_model)
         assert all(logp < 0.0 for logp, by_model in zip(logprobs, mask) if by_model)
     assert called, "no episode called the tool; the embedded model calls it about three times in ten"
