@@ -23,6 +23,8 @@ def load_taskset(taskset_id: str):
 
 def rows(taskset, limit: int | None = None) -> list[dict]:
     """One prompt row per task, in the taskset's order."""
+    if limit is None and not taskset.bounded:
+        raise ValueError(f"the taskset {taskset.config.id} never ends: give the number of tasks to write (--limit N)")
     view = taskset if limit is None else taskset.take(limit)
     return [
         {

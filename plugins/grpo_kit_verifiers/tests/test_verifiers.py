@@ -57,6 +57,14 @@ def test_each_task_becomes_a_prompt_row_that_gives_the_task_back():
     assert chat["prompt"] == [{"role": "user", "content": json.loads(chat[TASK_COLUMN])["prompt"][0]["content"]}]
 
 
+def test_an_endless_taskset_is_written_up_to_a_limit():
+    taskset = load_taskset("grpo-kit-vf-sums")
+    taskset.INFINITE = True  # as an endless taskset declares itself
+    with pytest.raises(ValueError, match="--limit N"):
+        rows(taskset)
+    assert len(rows(taskset, 2)) == 2
+
+
 def test_a_system_prompt_opens_the_chat():
     data = type(task_of(load_taskset("grpo-kit-vf-sums"), rows(load_taskset("grpo-kit-vf-sums"), 1)[0]).data)
     opening = prompt_of(data(prompt="1+2=", system_prompt="Add.", answer="3"))
