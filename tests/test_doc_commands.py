@@ -39,7 +39,10 @@ VERIFIERS_TASKS = (
     "(plugins/grpo_kit_verifiers/tests/test_learning.py runs the two)"
 )
 
+HUB_PUSH = "network and a Hub login: pushes to huggingface.co (tests/test_hub.py pushes to a local stand-in)"
+
 SKIPPED = {
+    "python -m grpo_kit +reward=accuracy trainer.push_to_hub=true trainer.hub_model_id=me/sums": HUB_PUSH,
     "python -m grpo_kit +reward=accuracy trainer.report_to=[wandb]": WANDB_LOGIN,
     "python -m grpo_kit --trl-config tests/data/trl_recipes/trl_cli_example_config.yaml +reward=think_format": HUB,
     "python -m grpo_kit model.name_or_path=Qwen/Qwen2.5-0.5B-Instruct data.path=prompts.jsonl +reward=accuracy": HUB,
