@@ -10,7 +10,10 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from grpo_kit.contract.secrets import secret
+# grpo_kit/contract/secrets.py's metadata key of a secret option, spelt out: importing it would load grpo_kit, and
+# Hydra with it, into whatever loads this schema (tests/test_hub.py fails if the token then reaches a file).
+SECRET = "grpo_kit.secret"
+
 
 # The choices a run makes when the command line makes none (TRL's defaults, and DAPO's loss). They are names in
 # the config, not imports: a default whose plugin is not installed is left unselected.
@@ -213,7 +216,8 @@ class TrainerConfig:
     hub_model_id: str | None = None  # user/name or name; None: the run directory's name
     hub_strategy: str = "every_save"  # end, every_save or checkpoint (TRL's meanings)
     hub_private_repo: bool | None = None  # None: the Hub's default
-    hub_token: str | None = secret()  # None: huggingface_hub's own login (HF_TOKEN, `hf auth login`)
+    # None: huggingface_hub's own login (HF_TOKEN, `hf auth login`); a secret, written to no file and no log
+    hub_token: str | None = field(default=None, metadata={SECRET: True})
     hub_revision: str | None = None  # the branch pushed to, created from main if missing; None: main
     # Push each save even while the previous push is still uploading (otherwise that save is not pushed)
     hub_always_push: bool = False
