@@ -10,7 +10,7 @@ called a tool.
 
 import verifiers.v1 as vf
 
-from grpo_kit.embedded.tool_use import training_problems
+from grpo_kit.testing.tasks import embedded_problems
 from grpo_kit_vf_calculator.tools import CalculatorTools
 
 
@@ -30,7 +30,7 @@ class CalculatorTask(vf.Task[SumData]):
 
 class Calculator(vf.Taskset[CalculatorTask, vf.TasksetConfig]):
     def load(self):
-        for row in training_problems():
+        for row in embedded_problems("tool_use"):
             yield CalculatorTask(SumData(prompt=row["prompt"], answer=row["solution"]), self.config.task)
 
     @classmethod

@@ -19,7 +19,7 @@ import verifiers.v1 as vf
 from openai import AsyncOpenAI
 from verifiers.v1.runtimes import ProgramResult
 
-from grpo_kit.embedded.sums import training_problems
+from grpo_kit.testing.tasks import embedded_problems
 
 
 class SumData(vf.TaskData):
@@ -34,7 +34,7 @@ class SumTask(vf.Task[SumData]):
 
 class Sums(vf.Taskset[SumTask, vf.TasksetConfig]):
     def load(self):
-        for row in training_problems():
+        for row in embedded_problems("sums"):
             yield SumTask(SumData(prompt=row["prompt"], answer=row["solution"]), self.config.task)
 
 
