@@ -105,18 +105,13 @@ class HubPush:
         self.pending: list[Future] = []
         shutil.rmtree(run_dir / UPLOADS, ignore_errors=True)  # what a run that stopped earlier left
 
-    @property
-    def pushes_saves(self) -> bool:
-        return self.strategy != "end"
-
     def uploading(self) -> bool:
         return any(not future.done() for future in self.pending)
 
     def push_save(self, step: int, write_model: Callable[[Path], None]) -> None:
         """The model `write_model` writes, with hub_strategy=checkpoint the newest checkpoint too, pushed in the
-        background; not at all while the previous push is uploading, unless hub_always_push."""
-        if not self.pushes_saves:
-            return
+        background; not at all while the previous push is uploading, unless hub_always_push. The caller skips it
+        under hub_strategy=end (grpo_kit/training/saving.py), before gathering the weights."""
         if not self.always_push and self.uploading():
             log.info(
                 "Step %d is not pushed to the Hub: the previous push is still uploading "
